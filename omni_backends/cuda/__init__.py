@@ -1,0 +1,1 @@
+"""CUDA driver on vLLM (NVIDIA GPUs)."""

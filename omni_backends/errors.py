@@ -1,0 +1,49 @@
+"""Errors raised by omni-backends. Every message says what to do next."""
+
+from __future__ import annotations
+
+
+class OmniBackendError(RuntimeError):
+    """Base class of every error this package raises on purpose."""
+
+
+class UnknownDeviceError(OmniBackendError, ValueError):
+    """A device name matches no installed driver."""
+
+
+class DeviceNotUsableError(OmniBackendError):
+    """An explicitly selected driver is installed but cannot run here.
+
+    ``probe`` holds the driver's :class:`~omni_backends.backend.ProbeResult`.
+    """
+
+    def __init__(self, message: str, probe=None):
+        super().__init__(message)
+        self.probe = probe
+
+
+class DuplicateDriverError(OmniBackendError):
+    """Two distributions register a driver under the same name."""
+
+
+class DriverLoadError(OmniBackendError):
+    """A driver's entry point raised while being imported.
+
+    The original exception is chained (``__cause__``) with its traceback.
+    """
+
+
+class IncompatibleDriverError(OmniBackendError):
+    """A driver implements no Backend interface version this package speaks."""
+
+
+class NoUsableDeviceError(OmniBackendError):
+    """Auto-detection found no usable driver at all (not even ``cpu``)."""
+
+
+class PlatformMismatchError(OmniBackendError):
+    """vLLM resolved a platform other than the one the selected driver needs."""
+
+
+class BadInputError(OmniBackendError, ValueError):
+    """A user-supplied value (prompt, voice id, model dir, ...) is invalid."""

@@ -1,0 +1,1 @@
+"""Intel XPU driver on vLLM's XPU platform (native ``torch.xpu``)."""

