@@ -1,0 +1,1 @@
+"""Conformance kit for omni-backends drivers (a pytest plugin: ``pytest --device NAME``)."""
