@@ -1,0 +1,130 @@
+"""Carry multimodal outputs worker -> engine core -> caller on vLLM's extension points.
+
+- worker: the omni runner returns :class:`~core.outputs.OmniModelRunnerOutput`
+  (this step's outputs per request);
+- engine core: :class:`OmniScheduler` (``scheduler_cls``) moves them onto
+  :class:`OmniEngineCoreOutput` (an ``EngineCoreOutput`` msgspec subclass with
+  one appended field), holding them back for a request until the scheduler
+  emits an output for it;
+- front end: :func:`attach_omni_frontend` makes the ``LLM``'s engine-core client
+  decode :class:`OmniEngineCoreOutputs` and its output processor an
+  :class:`OmniOutputProcessor`, which accumulates each request's outputs and
+  sets ``RequestOutput.multimodal_outputs`` (name -> tensor, steps concatenated
+  along dim 0).
+
+Works in vLLM's multiprocess engine (msgspec over ZMQ) and in-process.
+Nothing here is device-specific.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+import torch
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+from vllm.v1.engine.output_processor import OutputProcessor
+
+from core.outputs import merge_step_outputs
+
+log = logging.getLogger(__name__)
+
+
+class OmniEngineCoreOutput(EngineCoreOutput, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
+    """``EngineCoreOutput`` + this step's multimodal outputs (name -> CPU tensor)."""
+
+    multimodal_outputs: dict[str, torch.Tensor] | None = None
+
+
+class OmniEngineCoreOutputs(EngineCoreOutputs, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
+    outputs: list[OmniEngineCoreOutput] = []  # type: ignore[assignment]
+
+
+class OmniScheduler(Scheduler):
+    """vLLM's ``Scheduler`` that forwards the runner's multimodal outputs.
+
+    Outputs of a step in which the scheduler emits nothing for a request
+    (e.g. a chunked-prefill step) are held and attached to its next output;
+    they are dropped when the request finishes or is aborted.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._omni_pending: dict[str, list[dict[str, torch.Tensor]]] = {}
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> dict[int, EngineCoreOutputs]:
+        for req_id, step in (getattr(model_runner_output, "multimodal_outputs", None) or {}).items():
+            self._omni_pending.setdefault(req_id, []).append(step)
+        result = super().update_from_output(scheduler_output, model_runner_output)
+        if not self._omni_pending:
+            return result
+        for eco_batch in result.values():
+            outs = eco_batch.outputs
+            for j, eco in enumerate(outs):
+                steps = self._omni_pending.pop(eco.request_id, None)
+                if steps:
+                    fields = msgspec.structs.asdict(eco)
+                    outs[j] = OmniEngineCoreOutput(**fields, multimodal_outputs=merge_step_outputs(steps))
+        for req_id in list(self._omni_pending):
+            if req_id not in self.requests:
+                del self._omni_pending[req_id]
+        return result
+
+
+class OmniOutputProcessor(OutputProcessor):
+    """``OutputProcessor`` that accumulates multimodal outputs per request and
+    exposes them as ``RequestOutput.multimodal_outputs``."""
+
+    _omni_acc: dict[str, list[dict[str, torch.Tensor]]]
+
+    def _acc(self) -> dict[str, list[dict[str, torch.Tensor]]]:
+        if not hasattr(self, "_omni_acc"):
+            self._omni_acc = {}
+        return self._omni_acc
+
+    def process_outputs(self, engine_core_outputs: list[Any], *args: Any, **kwargs: Any) -> Any:
+        acc = self._acc()
+        for eco in engine_core_outputs:
+            mm = getattr(eco, "multimodal_outputs", None)
+            state = self.request_states.get(eco.request_id)
+            if mm and state is not None:  # key by the caller's (external) request id
+                acc.setdefault(state.external_req_id, []).append(mm)
+        result = super().process_outputs(engine_core_outputs, *args, **kwargs)
+        for ro in result.request_outputs:
+            steps = acc.get(ro.request_id)
+            ro.multimodal_outputs = merge_step_outputs(steps) if steps else {}
+            if ro.finished:
+                acc.pop(ro.request_id, None)
+        return result
+
+    def abort_requests(self, request_ids: Any, *args: Any, **kwargs: Any) -> Any:
+        request_ids = list(request_ids)
+        acc = self._acc()
+        for r in request_ids:
+            state = self.request_states.get(r)
+            acc.pop(state.external_req_id if state is not None else r, None)
+        return super().abort_requests(request_ids, *args, **kwargs)
+
+
+def attach_omni_frontend(llm: Any) -> Any:
+    """Make a ``vllm.LLM``'s front end understand omni outputs (see module doc).
+
+    Raises ``RuntimeError`` if this vLLM's ``LLMEngine`` lacks the attributes
+    used (``output_processor``; ``engine_core.decoder`` for multiprocess).
+    """
+    engine = llm.llm_engine
+    op = getattr(engine, "output_processor", None)
+    if not isinstance(op, OutputProcessor):
+        raise RuntimeError("vLLM's LLMEngine has no OutputProcessor at .output_processor; this vLLM is not supported")
+    if not isinstance(op, OmniOutputProcessor):
+        op.__class__ = type("Omni" + type(op).__name__, (OmniOutputProcessor, type(op)), {})
+    client = engine.engine_core
+    decoder = getattr(client, "decoder", None)
+    if decoder is not None:  # multiprocess client: decode our output type
+        inner = getattr(decoder, "decoder", None)
+        if inner is None or not hasattr(decoder, "ext_hook"):
+            raise RuntimeError("vLLM's engine-core client decoder has an unexpected shape; this vLLM is not supported")
+        decoder.decoder = msgspec.msgpack.Decoder(OmniEngineCoreOutputs, ext_hook=decoder.ext_hook, dec_hook=decoder.dec_hook)
+    return llm

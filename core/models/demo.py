@@ -1,0 +1,143 @@
+"""The demo omni models, built from vLLM's Llama layers (attention, paged KV).
+
+- :class:`OmniDemoThinker`: text in -> text tokens; returns an
+  :class:`~core.outputs.OmniOutput` whose ``multimodal_outputs["hidden"]`` is
+  the per-token final hidden state ``[num_tokens, hidden]``.
+- :class:`OmniDemoTalker`: prompt = ``prompt_embeds`` projected from the
+  thinker's hidden states (``omni_preprocess``), plus a per-request voice
+  embedding added to every row (``runtime_additional_information``); samples
+  codebook-0 codec tokens; its MTP head (``talker_mtp``) predicts residual
+  codebooks 1..K-1 for each sampled token.
+- :class:`OmniDemoCode2Wav`: non-autoregressive: codes ``[T, K]`` -> summed
+  codebook embeddings as the prompt -> one decoder layer -> ``hop_length``
+  samples per frame (``omni_postprocess_request``): a mono waveform.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from vllm.model_executor.models.llama import LlamaForCausalLM
+
+from core.outputs import OmniOutput
+
+
+class OmniDemoThinker(LlamaForCausalLM):
+    """Decoder LM whose forward also returns the per-token hidden states."""
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs: Any):
+        hidden = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
+        return OmniOutput(text_hidden_states=hidden, multimodal_outputs={"hidden": hidden})
+
+
+class DemoTalkerMTP(nn.Module):
+    """Multi-token-prediction head: residual codebooks 1..K-1 from one hidden state.
+
+    ``forward(hidden [n, H] float, code0 [n] int64) -> [n, K-1] int64``:
+    ``x = hidden + code0_embed(code0)``; for k = 1..K-1:
+    ``code_k = argmax(heads[k-1](x))`` then ``x = x + residual_embed[k-1](code_k)``.
+    Greedy and shape-static, so it can be graph-captured.
+    """
+
+    def __init__(self, hidden_size: int, codebook_size: int, num_codebooks: int):
+        super().__init__()
+        self.code0_embed = nn.Embedding(codebook_size, hidden_size)
+        self.heads = nn.ModuleList(nn.Linear(hidden_size, codebook_size, bias=False) for _ in range(num_codebooks - 1))
+        self.residual_embed = nn.ModuleList(nn.Embedding(codebook_size, hidden_size) for _ in range(num_codebooks - 1))
+
+    def forward(self, hidden: torch.Tensor, code0: torch.Tensor) -> torch.Tensor:
+        x = hidden + self.code0_embed(code0)
+        codes = []
+        for head, emb in zip(self.heads, self.residual_embed):
+            code = head(x).argmax(dim=-1)
+            codes.append(code)
+            x = x + emb(code)
+        return torch.stack(codes, dim=-1)
+
+
+def _voice_rows(inputs_embeds: torch.Tensor, voice_embed: nn.Embedding, payloads: list[dict], spans: list) -> torch.Tensor:
+    """``[num_tokens, H]`` rows of each request's voice embedding over its span."""
+    add = torch.zeros_like(inputs_embeds)
+    for payload, (start, end) in zip(payloads, spans):
+        voice = torch.tensor([int(payload.get("voice", 0))], device=inputs_embeds.device)
+        add[start:end] = voice_embed(voice).to(add.dtype)
+    return add
+
+
+class OmniDemoTalker(LlamaForCausalLM):
+    """Codec-token decoder conditioned on thinker hidden states and a voice id.
+
+    Payload (``additional_information``): ``thinker_hidden`` float
+    ``[prompt_len, thinker_hidden_size]``, ``voice`` int in ``[0, num_voices)``.
+    """
+
+    accepts_omni_kwargs = True
+    device_resident_payload_keys = ("prompt_embeds",)
+    talker_mtp_graph_safe = True
+    talker_mtp_output_key = "residual_codes"
+
+    def __init__(self, *, vllm_config: Any, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        cfg = self.config
+        self.thinker_proj = nn.Linear(cfg.thinker_hidden_size, cfg.hidden_size, bias=False)
+        self.voice_embed = nn.Embedding(cfg.num_voices, cfg.hidden_size)
+        self.mtp = DemoTalkerMTP(cfg.hidden_size, cfg.vocab_size, cfg.num_codebooks)
+
+    def omni_preprocess(self, payload: dict) -> dict:
+        thinker_hidden = payload.get("thinker_hidden")
+        if thinker_hidden is None:
+            raise ValueError("talker request needs 'thinker_hidden' [prompt_len, thinker_hidden_size] in its payload")
+        voice = int(payload.get("voice", 0))
+        if not 0 <= voice < self.config.num_voices:
+            raise ValueError(f"voice id {voice} out of range [0, {self.config.num_voices})")
+        w = self.thinker_proj.weight
+        return {"prompt_embeds": self.thinker_proj(thinker_hidden.to(device=w.device, dtype=w.dtype))}
+
+    def talker_mtp(self, hidden: torch.Tensor, code0: torch.Tensor) -> torch.Tensor:
+        return self.mtp(hidden, code0)
+
+    def forward(
+        self,
+        input_ids,
+        positions,
+        intermediate_tensors=None,
+        inputs_embeds=None,
+        runtime_additional_information: list[dict] | None = None,
+        request_token_spans: list | None = None,
+        **kwargs: Any,
+    ):
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_input_ids(input_ids)
+        if runtime_additional_information:
+            inputs_embeds = inputs_embeds + _voice_rows(
+                inputs_embeds, self.voice_embed, runtime_additional_information, request_token_spans
+            )
+        return super().forward(None, positions, intermediate_tensors, inputs_embeds)
+
+
+class OmniDemoCode2Wav(LlamaForCausalLM):
+    """Codes ``[T, K]`` -> mono waveform ``[T * hop_length]`` in one forward.
+
+    Payload: ``codes`` int64 ``[T, K]`` (prompt = T placeholder tokens).
+    """
+
+    def __init__(self, *, vllm_config: Any, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        cfg = self.config
+        self.code_embeds = nn.ModuleList(nn.Embedding(cfg.codebook_size, cfg.hidden_size) for _ in range(cfg.num_codebooks))
+        self.wave_head = nn.Linear(cfg.hidden_size, cfg.hop_length, bias=False)
+
+    def omni_preprocess(self, payload: dict) -> dict:
+        codes = payload.get("codes")
+        if codes is None or codes.dim() != 2 or codes.shape[1] != self.config.num_codebooks:
+            raise ValueError(f"code2wav request needs 'codes' int [T, {self.config.num_codebooks}] in its payload")
+        if int(codes.min()) < 0 or int(codes.max()) >= self.config.codebook_size:
+            raise ValueError(f"codes must lie in [0, {self.config.codebook_size})")
+        dev = self.wave_head.weight.device
+        codes = codes.to(device=dev, dtype=torch.int64)
+        return {"prompt_embeds": sum(emb(codes[:, k]) for k, emb in enumerate(self.code_embeds))}
+
+    def omni_postprocess_request(self, hidden: torch.Tensor, payload: dict) -> dict:
+        return {"waveform": torch.tanh(self.wave_head(hidden)).reshape(-1).float()}

@@ -1,0 +1,133 @@
+"""The omni model runner for vLLM's V1 runners, built over the driver's base.
+
+:func:`build_runner_class` combines :class:`OmniV1RunnerMixin` with
+``backend.model_runner_base()`` at run time (``type(name, (mixin, base), {})``).
+The mixin overrides only narrow seams of vLLM's ``GPUModelRunner`` (which the
+CPU, XPU and Ascend V1 runners subclass) and calls :class:`~core.hooks.OmniHooks`:
+
+==========================  ==============================================
+upstream seam               omni hook
+==========================  ==============================================
+``load_model``              ``bind_model`` (MTP graph wrapping via Backend)
+``_update_states``          ``on_finished_requests``, ``on_new_requests``
+``_preprocess``             ``prepare_prefill_embeds``, ``build_extra_kwargs``
+``_model_forward``          ``process_model_output`` (OmniOutput -> hidden)
+``_sample``                 talker MTP once per sampled token
+``sample_tokens``           ``get_model_runner_output`` (OmniModelRunnerOutput)
+==========================  ==============================================
+
+No body of ``execute_model``, ``_dummy_run`` or ``sample_tokens`` is copied.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from core.hooks import AR, KINDS, BatchView, OmniHooks
+from omni_backends.backend import Backend
+from omni_backends.errors import OmniBackendError
+from omni_backends.registry import get_backend
+
+
+class OmniV1RunnerMixin:
+    """Omni hooks on a V1 ``GPUModelRunner`` subclass (see module docstring)."""
+
+    omni_kind: str = AR
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.omni_hooks = OmniHooks(get_backend(), self.omni_kind)
+        self._omni_batch: BatchView | None = None
+        self._omni_hidden = None
+
+    # -------------------------------------------------------------- seams
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        super().load_model(*args, **kwargs)
+        self.omni_hooks.bind_model(self.get_model(), self.vllm_config)
+
+    def _update_states(self, scheduler_output: Any) -> Any:
+        self.omni_hooks.on_finished_requests(scheduler_output.finished_req_ids)
+        self.omni_hooks.on_new_requests((r.req_id, r.sampling_params) for r in scheduler_output.scheduled_new_reqs)
+        return super()._update_states(scheduler_output)
+
+    def _batch_view(self) -> BatchView:
+        n = self.input_batch.num_reqs
+        return BatchView(
+            req_ids=list(self.input_batch.req_ids[:n]),
+            query_start_loc=self.query_start_loc.np[: n + 1].copy(),
+            num_computed=self.input_batch.num_computed_tokens_cpu[:n].copy(),
+            num_prompt=self.input_batch.num_prompt_tokens[:n].copy(),
+        )
+
+    def _preprocess(self, scheduler_output: Any, num_input_tokens: int, intermediate_tensors: Any = None) -> Any:
+        input_ids, inputs_embeds, positions, intermediate_tensors, model_kwargs, ec_out = super()._preprocess(
+            scheduler_output, num_input_tokens, intermediate_tensors
+        )
+        hooks = self.omni_hooks
+        batch = self._omni_batch = self._batch_view()
+        if inputs_embeds is None and hooks.needs_embeds(batch):
+            inputs_embeds = self.inputs_embeds.gpu[:num_input_tokens]
+            inputs_embeds.copy_(self.model.embed_input_ids(input_ids))
+            input_ids = None
+        if inputs_embeds is not None:
+            hooks.prepare_prefill_embeds(batch, inputs_embeds)
+        model_kwargs.update(hooks.build_extra_kwargs(batch))
+        return input_ids, inputs_embeds, positions, intermediate_tensors, model_kwargs, ec_out
+
+    def _model_forward(self, *args: Any, **kwargs: Any) -> Any:
+        out = super()._model_forward(*args, **kwargs)
+        if self._omni_batch is None:  # dummy / profile runs
+            return getattr(out, "text_hidden_states", out)
+        self._omni_hidden = self.omni_hooks.process_model_output(out, self._omni_batch)
+        return self._omni_hidden
+
+    def _sample(self, logits: Any, spec_decode_metadata: Any) -> Any:
+        out = super()._sample(logits, spec_decode_metadata)
+        if self._omni_batch is not None and self._omni_hidden is not None:
+            self.omni_hooks.run_talker_mtp(self._omni_hidden, out.sampled_token_ids, self._omni_batch)
+        return out
+
+    def sample_tokens(self, grammar_output: Any) -> Any:
+        out = super().sample_tokens(grammar_output)
+        self._omni_batch, self._omni_hidden = None, None
+        if hasattr(out, "get_output") and not hasattr(out, "req_ids"):  # async output
+            return _OmniAsyncOutput(out, self.omni_hooks.get_model_runner_output)
+        return self.omni_hooks.get_model_runner_output(out)
+
+
+class _OmniAsyncOutput:
+    """Wraps vLLM's ``AsyncModelRunnerOutput``; converts on ``get_output()``."""
+
+    def __init__(self, inner: Any, convert: Any) -> None:
+        self._inner, self._convert = inner, convert
+        self._pending = None
+
+    def get_output(self) -> Any:
+        return self._convert(self._inner.get_output())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+@functools.lru_cache(maxsize=None)
+def _build(base: type, kind: str) -> type:
+    name = f"Omni{'AR' if kind == AR else 'Generation'}{base.__name__}"
+    return type(name, (OmniV1RunnerMixin, base), {"omni_kind": kind, "__module__": __name__})
+
+
+def build_runner_class(backend: Backend, kind: str = AR, *, v2: bool = False) -> type:
+    """The omni runner class for ``backend``: mixin + the driver's base runner.
+
+    Raises ``ValueError`` for an unknown ``kind`` and the driver's error when
+    it cannot run the requested runner version.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"runner kind must be one of {KINDS}, got {kind!r}")
+    if v2:
+        backend.model_runner_base(v2=True)  # the driver's own error if it cannot run V2
+        raise OmniBackendError(
+            "vLLM's V2 model runner was selected (VLLM_USE_V2_MODEL_RUNNER / config) but the omni hooks are wired "
+            "for V1 here; set VLLM_USE_V2_MODEL_RUNNER=0"
+        )
+    return _build(backend.model_runner_base(v2=False), kind)

@@ -1,0 +1,51 @@
+"""Omni workers: vLLM ``worker_cls`` targets that build the omni runner.
+
+``worker_cls="core.worker.OmniARWorker"`` (or ``OmniGenerationWorker``) is
+resolved by vLLM in each worker process through ``getattr`` on this module;
+the class is built there, over the driver the parent selected
+(``OMNI_BACKENDS_SELECTION``, checked by
+:func:`omni_backends.registry.verify_worker_selection`), as
+``type(name, (OmniWorkerMixin, backend.worker_base()), {})``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from core.hooks import AR, GENERATION
+from core.runner import build_runner_class
+from omni_backends.registry import verify_worker_selection
+
+_KIND_BY_NAME = {"OmniARWorker": AR, "OmniGenerationWorker": GENERATION}
+
+
+class OmniWorkerMixin:
+    """After the base worker set its device up and built vLLM's runner,
+    replace that runner with the omni runner over the same base."""
+
+    omni_kind: str = AR
+
+    def init_device(self) -> None:
+        super().init_device()
+        backend = verify_worker_selection().backend
+        runner_cls = build_runner_class(backend, self.omni_kind, v2=bool(self.vllm_config.use_v2_model_runner))
+        if not isinstance(self.model_runner, runner_cls):
+            device = self.model_runner.device
+            del self.model_runner
+            self.model_runner = runner_cls(self.vllm_config, device)
+
+
+@functools.lru_cache(maxsize=None)
+def worker_class(kind: str) -> type:
+    """The omni worker class of ``kind`` over the selected driver's worker base."""
+    backend = verify_worker_selection().backend
+    base = backend.worker_base()
+    name = "OmniARWorker" if kind == AR else "OmniGenerationWorker"
+    return type(name, (OmniWorkerMixin, base), {"omni_kind": kind, "__module__": __name__})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _KIND_BY_NAME:
+        return worker_class(_KIND_BY_NAME[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
