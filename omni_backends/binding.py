@@ -15,6 +15,9 @@ import importlib
 import sys
 from typing import Any, Iterator
 
+#: what a :class:`VendorSymbol` can name.
+KINDS = ("callable", "class", "attribute", "module")
+
 
 @dataclasses.dataclass(frozen=True)
 class VendorSymbol:
@@ -23,12 +26,19 @@ class VendorSymbol:
     - ``module``: dotted module path (``"vllm.forward_context"``).
     - ``attr``: attribute path inside it; dots walk into classes
       (``"CUDAGraphWrapper.clear_all_graphs"``).
-    - ``params``: keyword parameters the driver passes (or reads); the drift
-      check fails if one disappears.
-    - ``max_required``: positional/keyword parameters the driver fills; a new
-      required parameter beyond these is drift.
+    - ``params``: parameters the driver passes (by keyword or position) or
+      reads; the drift check fails if one disappears or is renamed.
+    - ``required``: the parameters the driver always fills; a parameter
+      without a default that is not listed here is drift ("newly required").
+      ``None`` = do not check for new required parameters.
+    - ``defaults``: ``(param, default source)`` pairs for parameters the driver
+      leaves at the vendor's default and relies on (``("logprobs_mode",
+      "'raw_logprobs'")``); a changed default is drift.
     - ``dist``: the distribution that ships ``module`` (for version reports).
-    - ``kind``: ``"callable"`` (signature checked), ``"class"`` or ``"attribute"``.
+    - ``kind``: ``"callable"`` (signature checked), ``"class"`` (its
+      ``__init__`` signature checked), ``"attribute"`` (existence only; on a
+      class this also finds instance attributes assigned in its methods) or
+      ``"module"``.
     - ``defined_at``: ``file:line`` of the declaration (filled automatically).
     """
 
@@ -38,16 +48,22 @@ class VendorSymbol:
     required: tuple[str, ...] | None = None
     dist: str = "vllm"
     kind: str = "callable"
+    defaults: tuple[tuple[str, str], ...] = ()
     defined_at: str = dataclasses.field(default="", compare=False)
 
     def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"VendorSymbol kind must be one of {KINDS}, got {self.kind!r}")
+        unknown = [p for p in (self.required or ()) if p not in self.params]
+        if unknown:
+            raise ValueError(f"{self.module}.{self.attr}: required {unknown} must also be listed in params")
         if not self.defined_at:
             frame = sys._getframe(2)  # the driver module line that declared it
             object.__setattr__(self, "defined_at", f"{frame.f_code.co_filename}:{frame.f_lineno}")
 
     @property
     def qualname(self) -> str:
-        return f"{self.module}.{self.attr}"
+        return f"{self.module}.{self.attr}" if self.attr else self.module
 
     def resolve(self) -> Any:
         """Import ``module`` and return ``attr``. Raises ``ImportError`` /
@@ -56,7 +72,7 @@ class VendorSymbol:
             obj: Any = importlib.import_module(self.module)
         except ImportError as exc:
             raise ImportError(f"{self.qualname} (declared at {self.defined_at}): cannot import {self.module}: {exc}") from exc
-        for part in self.attr.split("."):
+        for part in self.attr.split(".") if self.attr else ():
             try:
                 obj = getattr(obj, part)
             except AttributeError as exc:
