@@ -1,0 +1,399 @@
+"""Driver discovery and selection, against fake drivers registered through
+real entry-point metadata (``tests/fakes``). Each scenario runs omni-backends
+in a fresh process; nothing patches the registry.
+
+Fake drivers test registry logic only, never that a real driver works.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+
+from fakes.sites import cache_file, cli, devices_json, driver, make_site, python
+
+FAKE = "fake_drivers:"
+
+
+@pytest.fixture
+def cache_home(tmp_path):
+    return tmp_path / "xdg-cache"
+
+
+def _site(tmp_path, **dists):
+    return make_site(tmp_path, {d.replace("_", "-"): eps for d, eps in dists.items()})
+
+
+# ------------------------------------------------------------ auto-detect
+def test_auto_skips_driver_without_device_for_lower_priority_usable(tmp_path, cache_home):
+    site = _site(tmp_path, fake_nodev={"nodev": FAKE + "NoDeviceBackend"},
+                 fake_low={"usable-low": FAKE + "UsableLowBackend"})
+    rep = devices_json(site, cache_home)
+    assert driver(rep, "nodev")["probe"]["state"] == "importable"
+    assert driver(rep, "nodev")["priority"] > driver(rep, "usable-low")["priority"]
+    sel = rep["selection"]
+    assert sel["selected"] == "usable-low", sel
+    assert sel["rule"] == "auto-detect"
+    assert any("nodev" in n and "reports 0 devices" in n for n in sel["notes"]), sel["notes"]
+    assert rep["_returncode"] == 0
+
+
+def test_equal_priority_tie_breaks_by_name_and_report_says_so(tmp_path, cache_home):
+    # registered in reverse order so that name order, not discovery order, decides
+    site = _site(tmp_path, fake_ties={"tie-b": FAKE + "TieBBackend", "tie-a": FAKE + "TieABackend"})
+    sel = devices_json(site, cache_home)["selection"]
+    assert sel["selected"] == "tie-a"
+    assert any("tie" in n and "tie-a" in n and "tie-b" in n and "name" in n for n in sel["notes"]), sel["notes"]
+
+
+def test_explicit_choice_that_is_not_usable_fails_with_probe_reason(tmp_path, cache_home):
+    site = _site(tmp_path, fake_nodev={"nodev": FAKE + "NoDeviceBackend"})
+    rep = devices_json(site, cache_home, "--device", "nodev")
+    err = rep["selection"]["error"]
+    assert err.startswith("DeviceNotUsableError")
+    assert "reports 0 devices" in err and "plug in the fake device" in err
+    assert rep["_returncode"] == 1
+
+
+# ------------------------------------------------------- load failures
+@pytest.mark.parametrize(("module", "exc_type", "message"), [
+    ("fake_boom_oserror", "OSError", "libfakehccl.so: cannot open shared object file"),
+    ("fake_boom_runtime", "RuntimeError", "driver version mismatch"),
+])
+def test_driver_import_error_is_shown_and_others_still_load(tmp_path, cache_home, module, exc_type, message):
+    site = _site(tmp_path, fake_boom={"boom": f"{module}:Whatever"},
+                 fake_low={"usable-low": FAKE + "UsableLowBackend"})
+    rep = devices_json(site, cache_home)
+    boom = driver(rep, "boom")
+    assert boom["probe"] is None
+    assert boom["problem"].startswith(f"driver failed to load: {exc_type}: ") and message in boom["problem"]
+    assert f"{module}.py" in boom["traceback"] and exc_type in boom["traceback"]
+    for other in ("usable-low", "cpu", "cuda", "npu", "xpu"):
+        assert driver(rep, other)["probe"] is not None, other
+    assert rep["selection"]["selected"] == "usable-low"
+    text = cli(["devices"], site, cache_home).stdout
+    assert "boom" in text and message in text
+
+
+@pytest.mark.parametrize("module", ["fake_boom_oserror", "fake_boom_runtime"])
+def test_explicit_selection_of_broken_driver_reraises_with_original_traceback(tmp_path, cache_home, module):
+    site = _site(tmp_path, fake_boom={"boom": f"{module}:Whatever"})
+    code = textwrap.dedent("""
+        import json, traceback, omni_backends
+        from omni_backends.errors import DriverLoadError
+        try:
+            omni_backends.select("boom")
+        except DriverLoadError as exc:
+            cause = exc.__cause__
+            frames = traceback.extract_tb(cause.__traceback__)
+            print(json.dumps({"msg": str(exc), "cause": type(cause).__name__,
+                              "frames": [(f.filename, f.name) for f in frames]}))
+    """)
+    proc = python(code, site, cache_home)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert "boom" in out["msg"] and "fake-boom" in out["msg"]
+    assert out["cause"] in ("OSError", "RuntimeError")
+    # the original traceback reaches into the failing module, down to the raising function
+    assert any(f.endswith(f"{module}.py") for f, _ in out["frames"]), out["frames"]
+    assert out["frames"][-1][1] in ("_load_vendor_library", "_check_vendor_runtime")
+    # the CLI shows the chained traceback too
+    proc = python("import sys; from omni_backends.cli import main; sys.exit(main(['devices', '--device', 'boom']))",
+                  site, cache_home)
+    assert proc.returncode == 1
+    assert f"{module}.py" in proc.stdout + proc.stderr
+
+
+def test_entry_point_that_is_not_a_backend_is_refused(tmp_path, cache_home):
+    site = _site(tmp_path, fake_notabackend={"notabackend": FAKE + "NotABackend"})
+    rep = devices_json(site, cache_home, "--device", "notabackend")
+    assert "not a Backend subclass" in driver(rep, "notabackend")["problem"]
+    assert rep["selection"]["error"].startswith("IncompatibleDriverError")
+
+
+# ------------------------------------------------------ duplicates / names
+def test_two_distributions_with_one_driver_name_is_an_error_naming_both(tmp_path, cache_home):
+    site = _site(tmp_path, fake_dup_one={"dup": FAKE + "TieABackend"},
+                 fake_dup_two={"dup": FAKE + "TieBBackend"})
+    rep = devices_json(site, cache_home, "--device", "dup")
+    problem = driver(rep, "dup")["problem"]
+    assert "fake-dup-one" in problem and "fake-dup-two" in problem
+    err = rep["selection"]["error"]
+    assert err.startswith("DuplicateDriverError") and "fake-dup-one" in err and "fake-dup-two" in err
+    # auto-detect never picks an ambiguous driver
+    assert devices_json(site, cache_home)["selection"]["selected"] != "dup"
+
+
+def test_same_target_from_two_distributions_is_still_a_duplicate(tmp_path, cache_home):
+    site = _site(tmp_path, fake_dup_one={"dup": FAKE + "TieABackend"},
+                 fake_dup_two={"dup": FAKE + "TieABackend"})
+    problem = driver(devices_json(site, cache_home), "dup")["problem"]
+    assert "fake-dup-one" in problem and "fake-dup-two" in problem
+
+
+def test_unknown_name_lists_installed_names(tmp_path, cache_home):
+    site = _site(tmp_path, fake_low={"usable-low": FAKE + "UsableLowBackend"})
+    rep = devices_json(site, cache_home, "--device", "tpu")
+    err = rep["selection"]["error"]
+    assert err.startswith("UnknownDeviceError") and "'tpu'" in err
+    for name in ("cpu", "cuda", "npu", "xpu", "usable-low", "ascend (= npu)"):
+        assert name in err, name
+    assert rep["_returncode"] == 1
+
+
+@pytest.mark.parametrize("typed", ["ascend", "ASCEND", " Ascend ", "NPU"])
+def test_ascend_alias_resolves_to_npu_case_insensitively(tmp_path, cache_home, typed):
+    site = _site(tmp_path)
+    code = ("import omni_backends.registry as r; e, _ = r.discover(); print(r.resolve_name(%r, e))" % typed)
+    proc = python(code, site, cache_home)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "npu"
+    # through the CLI: the npu driver is chosen (and, with no NPU here, refused with its probe reason)
+    rep = devices_json(site, cache_home, "--device", typed)
+    err = rep["selection"].get("error") or ""
+    assert rep["selection"].get("selected") == "npu" or "'npu'" in err, rep["selection"]
+
+
+def test_out_of_tree_alias_any_case(tmp_path, cache_home):
+    site = _site(tmp_path, fake_fancy={"fancy": FAKE + "AliasBackend"})
+    for typed in ("shiny", "SHINY", "Fancy"):
+        sel = devices_json(site, cache_home, "--device", typed)["selection"]
+        assert sel["selected"] == "fancy", (typed, sel)
+
+
+def test_incompatible_interface_version_is_refused_clearly(tmp_path, cache_home):
+    site = _site(tmp_path, fake_future={"future": FAKE + "FutureInterfaceBackend"})
+    rep = devices_json(site, cache_home)
+    problem = driver(rep, "future")["problem"]
+    assert "[99]" in problem and "version 1" in problem and "fake-future" in problem
+    assert rep["selection"]["selected"] != "future"  # priority 70 but refused
+    err = devices_json(site, cache_home, "--device", "future")["selection"]["error"]
+    assert err.startswith("IncompatibleDriverError") and "[99]" in err
+
+
+def test_probe_that_raises_is_recorded_not_propagated(tmp_path, cache_home):
+    site = _site(tmp_path, fake_raises={"probe-raises": FAKE + "ProbeRaisesBackend"},
+                 fake_low={"usable-low": FAKE + "UsableLowBackend"})
+    rep = devices_json(site, cache_home)
+    probe = driver(rep, "probe-raises")["probe"]
+    assert probe["usable"] is False and "fake probe exploded" in (probe["error"] or "")
+    assert rep["selection"]["selected"] == "usable-low"
+
+
+# ------------------------------------------------------- environment
+def test_env_variable_valid_selects_it(tmp_path, cache_home):
+    site = _site(tmp_path, fake_ties={"tie-a": FAKE + "TieABackend"},
+                 fake_low={"usable-low": FAKE + "UsableLowBackend"})
+    sel = devices_json(site, cache_home, extra_env={"OMNI_BACKENDS_DEVICE": "usable-low"})["selection"]
+    assert sel["selected"] == "usable-low"  # not tie-a, although tie-a has the higher priority
+    assert sel["rule"] == "environment OMNI_BACKENDS_DEVICE"
+
+
+def test_env_variable_invalid_is_an_error_naming_the_variable(tmp_path, cache_home):
+    site = _site(tmp_path)
+    rep = devices_json(site, cache_home, extra_env={"OMNI_BACKENDS_DEVICE": "gpu0"})
+    err = rep["selection"]["error"]
+    assert err.startswith("UnknownDeviceError") and "'gpu0'" in err and "OMNI_BACKENDS_DEVICE" in err
+    assert rep["_returncode"] == 1
+
+
+def test_flag_wins_over_env_and_report_says_so(tmp_path, cache_home):
+    site = _site(tmp_path, fake_ties={"tie-a": FAKE + "TieABackend"},
+                 fake_low={"usable-low": FAKE + "UsableLowBackend"})
+    for env_value in ("tie-a", "not-a-driver"):
+        rep = devices_json(site, cache_home, "--device", "usable-low", extra_env={"OMNI_BACKENDS_DEVICE": env_value})
+        sel = rep["selection"]
+        assert sel["selected"] == "usable-low" and sel["rule"] == "explicit --device"
+        assert any("overrides" in n and env_value in n for n in sel["notes"]), sel["notes"]
+    text = cli(["devices", "--device", "usable-low"], site, cache_home,
+               {"OMNI_BACKENDS_DEVICE": "tie-a"}).stdout
+    assert "--device=usable-low overrides OMNI_BACKENDS_DEVICE=tie-a" in text
+
+
+def test_flag_and_env_naming_the_same_driver_by_alias_is_no_conflict(tmp_path, cache_home):
+    site = _site(tmp_path, fake_fancy={"fancy": FAKE + "AliasBackend"})
+    sel = devices_json(site, cache_home, "--device", "fancy", extra_env={"OMNI_BACKENDS_DEVICE": "SHINY"})["selection"]
+    assert sel["selected"] == "fancy"
+    assert not any("overrides" in n for n in sel["notes"]), sel["notes"]
+
+
+def test_explicit_auto_overrides_env_and_says_so(tmp_path, cache_home):
+    site = _site(tmp_path, fake_ties={"tie-a": FAKE + "TieABackend"},
+                 fake_low={"usable-low": FAKE + "UsableLowBackend"})
+    sel = devices_json(site, cache_home, "--device", "auto",
+                       extra_env={"OMNI_BACKENDS_DEVICE": "usable-low"})["selection"]
+    assert sel["selected"] == "tie-a" and sel["rule"] == "auto-detect"
+    assert any("overrides" in n and "usable-low" in n for n in sel["notes"]), sel["notes"]
+
+
+# ---------------------------------------------------- select(): once, safely
+SELECT_THREADS = """
+import json, threading, omni_backends, fake_drivers
+from omni_backends.errors import OmniBackendError
+barrier = threading.Barrier(16)
+results, errors = [], []
+def worker():
+    barrier.wait()
+    try:
+        results.append(omni_backends.select("counting"))
+    except BaseException as exc:
+        errors.append(repr(exc))
+threads = [threading.Thread(target=worker) for _ in range(16)]
+for t in threads: t.start()
+for t in threads: t.join()
+out = {"selections": len({id(s) for s in results}), "backends": len({id(s.backend) for s in results}),
+       "instances": fake_drivers.CountingBackend.instances, "errors": errors,
+       "same_again": omni_backends.select("COUNTING") is results[0],
+       "auto_again": omni_backends.select() is results[0],
+       "get_backend": omni_backends.get_backend() is results[0].backend}
+try:
+    omni_backends.select("usable-low")
+    out["switch"] = None
+except OmniBackendError as exc:
+    out["switch"] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def test_select_is_thread_safe_and_happens_once(tmp_path, cache_home):
+    site = _site(tmp_path, fake_counting={"counting": FAKE + "CountingBackend"},
+                 fake_low={"usable-low": FAKE + "UsableLowBackend"})
+    proc = python(SELECT_THREADS, site, cache_home)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["errors"] == []
+    assert (out["selections"], out["backends"], out["instances"]) == (1, 1, 1), out
+    assert out["same_again"] and out["auto_again"] and out["get_backend"]
+    assert out["switch"] and "'counting'" in out["switch"] and "'usable-low'" in out["switch"]
+
+
+@pytest.mark.parametrize("name", ["reenter-init", "reenter-probe"])
+def test_select_is_never_reentered(tmp_path, cache_home, name):
+    cls = {"reenter-init": "ReentrantInitBackend", "reenter-probe": "ReentrantProbeBackend"}[name]
+    site = _site(tmp_path, fake_reenter={name: FAKE + cls})
+    code = textwrap.dedent(f"""
+        import omni_backends
+        try:
+            omni_backends.select({name!r})
+        except omni_backends.OmniBackendError as exc:
+            print("ERR", exc)
+        else:
+            print("SELECTED", omni_backends.current().name)
+    """)
+    proc = python(code, site, cache_home)
+    assert proc.returncode == 0, proc.stderr  # no RecursionError, no deadlock (timeout)
+    assert "re-entered" in proc.stdout, proc.stdout
+    assert "SELECTED" not in proc.stdout
+
+
+def test_select_exports_choice_for_worker_processes(tmp_path, cache_home):
+    site = _site(tmp_path, fake_low={"usable-low": FAKE + "UsableLowBackend"})
+    code = textwrap.dedent("""
+        import json, os, omni_backends
+        sel = omni_backends.select("usable-low")
+        print(json.dumps({"device": os.environ["OMNI_BACKENDS_DEVICE"],
+                          "selection": json.loads(os.environ["OMNI_BACKENDS_SELECTION"]),
+                          "fingerprint": sel.fingerprint}))
+    """)
+    proc = python(code, site, cache_home)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["device"] == "usable-low"
+    assert out["selection"]["name"] == "usable-low"
+    assert out["selection"]["fingerprint"] == out["fingerprint"]
+    assert out["selection"]["versions"] == {"fake-vendor": "1.0"}
+
+
+def test_incomplete_driver_class_is_refused_with_clear_message(tmp_path, cache_home):
+    """An abstract driver class (identity + probe only) must say what is missing, not raise a bare TypeError."""
+    site = _site(tmp_path, fake_incomplete={"incomplete": FAKE + "IncompleteBackend"})
+    code = textwrap.dedent("""
+        import omni_backends
+        try:
+            omni_backends.select("incomplete")
+        except omni_backends.OmniBackendError as exc:
+            print(type(exc).__name__, exc)
+        print("current:", omni_backends.current())
+    """)
+    proc = python(code, site, cache_home)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("IncompatibleDriverError"), proc.stdout
+    for missing in ("capabilities", "forward_context", "make_sampler"):
+        assert missing in proc.stdout
+    assert "current: None" in proc.stdout
+
+
+# -------------------------------------------------- stevedore's entry-point cache
+def _populate(site, cache_home):
+    rep = devices_json(site, cache_home)
+    assert driver(rep, "usable-low")["probe"]["usable"]
+    return cache_file(site, cache_home)
+
+
+def test_stevedore_cache_is_actually_exercised(tmp_path, cache_home):
+    """Guards the cache tests below: this interpreter must make stevedore write its cache."""
+    if sys.executable.startswith("/tmp"):
+        pytest.skip(f"stevedore never writes its cache for interpreters under /tmp ({sys.executable})")
+    site = _site(tmp_path, fake_low={"usable-low": FAKE + "UsableLowBackend"})
+    path = _populate(site, cache_home)
+    assert path.parent == cache_home / "python-entrypoints"
+    data = json.loads(path.read_text())
+    assert ["usable-low", "fake_drivers:UsableLowBackend", "omni_backends.drivers"] in data["groups"]["omni_backends.drivers"]
+
+
+CORRUPT = {
+    "garbage-text": b"{this is not json",
+    "garbage-binary": b"\xff\xfe\x00\x9c not utf-8 \x80",
+    "json-list": b"[]",
+    "json-groups-list": b'{"groups": []}',
+    "json-short-entry": b'{"groups": {"omni_backends.drivers": [["usable-low"]]}}',
+    "json-null": b"null",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPT))
+def test_corrupt_stevedore_cache_does_not_break_discovery(tmp_path, cache_home, kind):
+    site = _site(tmp_path, fake_low={"usable-low": FAKE + "UsableLowBackend"})
+    path = cache_file(site, cache_home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(CORRUPT[kind])
+    rep = devices_json(site, cache_home)
+    assert rep["_returncode"] == 0, rep["_stderr"]
+    for name in ("usable-low", "cpu", "cuda", "npu", "xpu"):
+        assert driver(rep, name)["probe"] is not None, (kind, name)
+    assert rep["selection"]["selected"] == "usable-low"
+    assert "Traceback" not in rep["_stderr"]
+
+
+def test_stale_stevedore_cache_is_detected_and_bypassed(tmp_path, cache_home):
+    """A cache that is valid JSON of the right shape but lists other drivers than installed."""
+    site = _site(tmp_path, fake_low={"usable-low": FAKE + "UsableLowBackend"})
+    path = cache_file(site, cache_home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "groups": {"omni_backends.drivers": [
+            ["cpu", "omni_backends.cpu.driver:CpuBackend", "omni_backends.drivers"],
+            ["ghost", "no_such_module_anywhere:Ghost", "omni_backends.drivers"],
+        ]},
+        "sys.executable": sys.executable, "sys.prefix": sys.prefix, "path_values": [],
+    }))
+    rep = devices_json(site, cache_home)
+    for name in ("usable-low", "cpu", "cuda", "npu", "xpu"):
+        assert driver(rep, name)["probe"] is not None, name
+    assert "ghost" not in [d["name"] for d in rep["drivers"]]
+    assert rep["selection"]["selected"] == "usable-low"
+    notes = " ".join(rep["notes"])
+    assert "stale" in notes and "usable-low" in notes and "ghost" in notes
+
+
+def test_unwritable_stevedore_cache_does_not_break_discovery(tmp_path):
+    site = _site(tmp_path, fake_low={"usable-low": FAKE + "UsableLowBackend"})
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("XDG_CACHE_HOME points at a file, so no cache directory can be created\n")
+    rep = devices_json(site, blocker)
+    assert rep["_returncode"] == 0, rep["_stderr"]
+    assert rep["selection"]["selected"] == "usable-low"
+    assert blocker.read_text().startswith("XDG_CACHE_HOME")
