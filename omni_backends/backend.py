@@ -400,6 +400,32 @@ class Backend(abc.ABC):
         (``vllm.v1.attention.backend.CommonAttentionMetadata`` /
         ``vllm_ascend.attention.utils.AscendCommonAttentionMetadata``)."""
 
+    def write_kv_cache(
+        self,
+        key: "torch.Tensor",
+        value: "torch.Tensor",
+        key_cache: "torch.Tensor",
+        value_cache: "torch.Tensor",
+        slot_mapping: "torch.Tensor",
+    ) -> None:
+        """Write ``key``/``value`` ``[num_tokens, num_kv_heads, head_size]`` into
+        the paged caches ``[num_blocks, block_size, num_kv_heads, head_size]``
+        (vLLM's flash layout) at ``slot_mapping`` (int64 ``[>= num_tokens]``,
+        slot = block * block_size + offset). A slot < 0 is padding and is never
+        written. This default is the torch (non-kernel) write path for forwards
+        run outside vLLM's attention layers; a driver may override it with the
+        vendor kernel (``reshape_and_cache_flash``) if that skips padding too.
+        Raises ``ValueError`` if a slot is past the end of the cache."""
+        import torch
+
+        slots = slot_mapping[: key.shape[0]].to(torch.int64)
+        real = slots >= 0
+        capacity = key_cache.shape[0] * key_cache.shape[1]
+        if bool((slots >= capacity).any()):
+            raise ValueError(f"slot_mapping has a slot >= the cache's {capacity} slots; check the block table")
+        for src, cache in ((key, key_cache), (value, value_cache)):
+            cache.view(capacity, *cache.shape[2:]).index_copy_(0, slots[real], src[real].to(cache.dtype))
+
     # ---------------------------------------------------- runner / worker
     @abc.abstractmethod
     def model_runner_base(self, v2: bool = False) -> type:

@@ -1,11 +1,38 @@
-"""pytest plugin (entry point ``pytest11: omni_backends``): ``--device NAME``.
+"""pytest plugin (entry point ``pytest11: omni_backends``): the conformance kit's glue.
+
+Adds:
+
+- ``--device NAME``: the driver the tests run on (``cpu``, ``cuda``, ``npu``,
+  ``xpu`` or an out-of-tree driver's name; default ``cpu``);
+- ``--omni-report PATH``: write a JSON report (pass/fail/skip per test, with
+  the driver's name, distribution, versions, interface version and
+  capabilities);
+- markers: ``device_tier``, ``engine_tier`` (tiers), ``device_cpu``,
+  ``device_cuda``, ``device_npu``, ``device_xpu`` and ``device(NAME)`` (a
+  test for one device: skipped, with the reason printed, under any other
+  ``--device``);
+- fixtures: ``device_name``, ``driver_under_test``, ``backend``,
+  ``capabilities``.
+
+Run the suite on a driver: ``pytest --pyargs omni_backends.testing.suite --device NAME -rs``.
 
 Kept light: importing it imports neither torch nor vLLM.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import platform
+import sys
+import time
+from typing import Any
+
 import pytest
+
+#: per-device marker -> driver name it requires.
+DEVICE_MARKERS = {"device_cpu": "cpu", "device_cuda": "cuda", "device_npu": "npu", "device_xpu": "xpu"}
+_ALIASES = {"ascend": "npu"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -16,9 +43,162 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="omni-backends driver the tests run on (cpu, cuda, npu, xpu, or an out-of-tree driver name)",
     )
+    group.addoption(
+        "--omni-report",
+        action="store",
+        default=None,
+        metavar="PATH",
+        help="write a JSON conformance report (pass/fail/skip per test, driver name, versions, interface version)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "device_tier: torch-level conformance tests (need the selected device)")
+    config.addinivalue_line("markers", "engine_tier: tests that start a real vLLM engine (need the device's vLLM stack)")
+    for marker, dev in DEVICE_MARKERS.items():
+        config.addinivalue_line("markers", f"{marker}: runs only with --device {dev}; skipped with a reason otherwise")
+    config.addinivalue_line("markers", "device(name): runs only with --device NAME; skipped with a reason otherwise")
+    path = config.getoption("--omni-report")
+    if path:
+        config.pluginmanager.register(JsonReport(config, path), "omni_backends_json_report")
+
+
+def _selected(config: pytest.Config) -> str:
+    name = (config.getoption("--device") or "cpu").strip().lower()
+    return _ALIASES.get(name, name)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip, with the reason, a test marked for a device other than ``--device``."""
+    selected = _selected(item.config)
+    wanted = [dev for marker, dev in DEVICE_MARKERS.items() if item.get_closest_marker(marker)]
+    wanted += [_ALIASES.get(str(a).lower(), str(a).lower()) for m in item.iter_markers("device") for a in m.args]
+    if wanted and selected not in wanted:
+        pytest.skip(f"needs --device {' or '.join(sorted(set(wanted)))}; this run uses --device {selected}")
 
 
 @pytest.fixture(scope="session")
 def device_name(request: pytest.FixtureRequest) -> str:
     """The ``--device`` value (default ``cpu``)."""
     return request.config.getoption("--device") or "cpu"
+
+
+@pytest.fixture(scope="session")
+def driver_under_test(request: pytest.FixtureRequest, device_name: str):
+    """The :class:`~omni_backends.testing.kit.DriverUnderTest` for ``--device``
+    (loaded once; problems recorded, not raised)."""
+    from omni_backends.testing.kit import load_driver
+
+    return _dut_cache(request.config, device_name, load_driver)
+
+
+def _dut_cache(config: pytest.Config, device_name: str, load: Any) -> Any:
+    dut = getattr(config, "_omni_dut", None)
+    if dut is None:
+        dut = load(device_name)
+        config._omni_dut = dut  # type: ignore[attr-defined]
+    return dut
+
+
+@pytest.fixture(scope="session")
+def backend(driver_under_test):
+    """The instantiated driver under test.
+
+    Fails (naming the contract) when the driver cannot be loaded or
+    instantiated; skips, with the probe's reason, when its device is absent.
+    """
+    dut = driver_under_test
+    if dut.problem:
+        pytest.fail(f"driver {dut.requested!r} cannot be used: {dut.problem}", pytrace=False)
+    if dut.backend is None:
+        from omni_backends.testing.kit import check_interface
+
+        check_interface(dut.cls)  # names the missing abstract methods
+        pytest.fail(f"driver {dut.name!r} could not be instantiated: {dut.instantiate_error}", pytrace=False)
+    if not dut.present:
+        pytest.skip(dut.absent_reason)
+    return dut.backend
+
+
+@pytest.fixture(scope="session")
+def capabilities(backend):
+    """``backend.capabilities()`` (a :class:`~omni_backends.backend.Capabilities`)."""
+    return backend.capabilities()
+
+
+class JsonReport:
+    """Collects one outcome per test and writes the ``--omni-report`` JSON at session end.
+
+    Layout: ``{"kit": {...}, "driver": {...}, "summary": {"passed": n, ...},
+    "tests": [{"nodeid", "outcome", "tier", "duration_s", "reason"}]}``;
+    ``outcome`` is ``passed``/``failed``/``skipped``/``error`` (setup or
+    teardown failure) and ``reason`` carries the skip reason or failure message.
+    """
+
+    def __init__(self, config: pytest.Config, path: str) -> None:
+        self.config = config
+        self.path = path
+        self.tests: dict[str, dict[str, Any]] = {}
+        self.started = time.time()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        rec = self.tests.setdefault(report.nodeid, {"nodeid": report.nodeid, "outcome": None, "reason": None,
+                                                    "duration_s": 0.0, "tier": _tier(report)})
+        rec["duration_s"] = round(rec["duration_s"] + report.duration, 4)
+        if report.skipped:
+            rec["outcome"] = "skipped"
+            rec["reason"] = _skip_reason(report)
+        elif report.failed:
+            rec["outcome"] = "failed" if report.when == "call" else "error"
+            rec["reason"] = _failure_message(report)
+        elif report.when == "call" and rec["outcome"] is None:
+            rec["outcome"] = "passed"
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        from omni_backends.testing.kit import load_driver
+
+        device = self.config.getoption("--device") or "cpu"
+        dut = _dut_cache(self.config, device, load_driver)
+        tests = list(self.tests.values())
+        summary: dict[str, int] = {}
+        for t in tests:
+            summary[t["outcome"] or "unknown"] = summary.get(t["outcome"] or "unknown", 0) + 1
+        doc = {
+            "kit": {
+                "command": " ".join(sys.argv),
+                "python": platform.python_version(),
+                "host": platform.node(),
+                "started": self.started,
+                "duration_s": round(time.time() - self.started, 3),
+                "exitstatus": int(exitstatus),
+            },
+            "driver": dut.describe(),
+            "summary": summary,
+            "tests": tests,
+        }
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        with open(self.path, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=2, default=str)
+
+
+def _tier(report: pytest.TestReport) -> str | None:
+    keywords = report.keywords
+    for tier in ("device_tier", "engine_tier"):
+        if tier in keywords:
+            return tier
+    return None
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    lr = report.longrepr
+    if isinstance(lr, tuple) and len(lr) == 3:
+        return str(lr[2]).removeprefix("Skipped: ")
+    return str(lr)
+
+
+def _failure_message(report: pytest.TestReport) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None:
+        return str(crash.message)
+    return str(report.longrepr)[-2000:]

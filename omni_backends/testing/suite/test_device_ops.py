@@ -1,0 +1,92 @@
+"""Device operations, streams/events and generators (device tier)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omni_backends.testing.kit import expect
+from omni_backends.testing.suite._helpers import host_memory_device, keep_device_busy
+
+pytestmark = pytest.mark.device_tier
+
+
+def test_device_identity(backend):
+    dev = backend.device()
+    expect(isinstance(dev, torch.device) and dev.type == backend.device_type, "device-ops",
+           f"device() returned {dev!r}; expected a torch.device of type {backend.device_type!r}")
+    n = backend.device_count()
+    expect(isinstance(n, int) and n >= 1, "device-ops", f"device_count() returned {n!r} with the device present")
+    backend.set_device(0)
+    expect(backend.device(0).type == backend.device_type, "device-ops", f"device(0) returned {backend.device(0)!r}")
+    with pytest.raises(RuntimeError):
+        backend.set_device(n)  # one past the last visible device
+
+
+def test_memory_info_and_empty_cache(backend):
+    free, total = backend.memory_info()
+    expect(isinstance(free, int) and isinstance(total, int), "device-ops", f"memory_info() -> {(free, total)!r}")
+    expect(0 <= free <= total and total > 0, "device-ops", f"memory_info() -> free={free} total={total} bytes")
+    expect(backend.empty_cache() is None, "device-ops", "empty_cache() returned a value")
+    expect(backend.synchronize() is None, "device-ops", "synchronize() returned a value")
+
+
+def test_is_device_tensor(backend):
+    t = torch.ones(3, device=backend.device())
+    expect(backend.is_device_tensor(t), "device-ops", f"is_device_tensor() is False for a tensor on {t.device}")
+    if not host_memory_device(backend):
+        expect(not backend.is_device_tensor(torch.ones(3)), "device-ops", "is_device_tensor() is True for a CPU tensor")
+
+
+def test_to_host_is_complete_on_return(backend):
+    busy = keep_device_busy(backend)
+    x = torch.arange(1 << 20, dtype=torch.float32, device=backend.device()) * 3 + 1
+    host = backend.to_host(x)
+    expect(host.device.type == "cpu", "to-host", f"to_host() returned a tensor on {host.device}")
+    want = torch.arange(1 << 20, dtype=torch.float32) * 3 + 1
+    expect(torch.equal(host, want), "to-host",
+           f"to_host() returned incomplete data: {int((host != want).sum())} of {want.numel()} elements differ")
+    del busy
+
+
+def test_stream_event_ordering(backend):
+    dev = backend.device()
+    src = torch.arange(1 << 16, dtype=torch.float32, device=dev)
+    side = backend.new_stream()
+    done = backend.new_event()
+    side.wait_stream(backend.current_stream())
+    with backend.stream_context(side):
+        busy = keep_device_busy(backend, rounds=8)
+        out = src * 3
+        done.record()
+    done.wait(backend.current_stream())
+    res = out + 1
+    backend.synchronize()
+    expect(torch.equal(backend.to_host(res), torch.arange(1 << 16, dtype=torch.float32) * 3 + 1), "streams-events",
+           "work issued after waiting on an event recorded on a side stream saw incomplete side-stream results")
+    expect(done.query(), "streams-events", "event.query() is False after synchronize()")
+    del busy
+
+
+def test_event_timing(backend):
+    start, end = backend.new_event(enable_timing=True), backend.new_event(enable_timing=True)
+    start.record()
+    torch.ones(1 << 16, device=backend.device()).sum()
+    end.record()
+    end.synchronize()
+    ms = start.elapsed_time(end)
+    expect(isinstance(ms, float) and ms >= 0.0, "streams-events", f"elapsed_time() returned {ms!r} (want ms >= 0)")
+
+
+def test_generator_reproducible(backend):
+    dev = backend.device()
+    g1, g2, g3 = backend.generator(1234), backend.generator(1234), backend.generator(4321)
+    expect(isinstance(g1, torch.Generator) and g1.device.type == backend.device_type, "generator",
+           f"generator() returned {g1!r} on {getattr(g1, 'device', None)}")
+    a = torch.rand(4096, device=dev, generator=g1)
+    b = torch.rand(4096, device=dev, generator=g2)
+    c = torch.rand(4096, device=dev, generator=g3)
+    expect(torch.equal(a, b), "generator", "two generators with the same seed produced different streams")
+    expect(not torch.equal(a, c), "generator", "generators with different seeds produced the same stream")
+    expect(not torch.equal(a, torch.rand(4096, device=dev, generator=g1)), "generator",
+           "a generator repeated its stream instead of advancing")

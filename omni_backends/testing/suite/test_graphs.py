@@ -1,0 +1,83 @@
+"""Static graph capture/replay correctness (device tier; only for drivers that claim static graphs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omni_backends.testing.kit import expect
+
+pytestmark = pytest.mark.device_tier
+
+
+@pytest.fixture
+def graphs(backend, capabilities):
+    if not capabilities.static_graphs:
+        pytest.skip(f"driver {backend.name!r} declares no static graph modes (capabilities().static_graph_modes == ()); "
+                    "graph capture/replay does not apply")
+    return backend
+
+
+def _forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    h = x * w
+    h.add_(1.0)
+    return torch.relu(h).cumsum(0)
+
+
+def test_replay_recomputes_from_persistent_inputs(graphs):
+    backend = graphs
+    dev = backend.device()
+    x = torch.linspace(-4, 4, 64, device=dev)
+    w = torch.full((64,), 2.0, device=dev)
+    first = _forward(x, w)  # warm-up outside the capture, as vLLM does
+    backend.synchronize()
+    graph = backend.new_graph()
+    with backend.graph_capture(graph):
+        y = _forward(x, w)
+    graph.replay()
+    backend.synchronize()
+    expect(torch.allclose(backend.to_host(y), backend.to_host(first)), "graph-replay",
+           "the first replay's output differs from the eager result of the captured work")
+    captured = backend.to_host(y).clone()
+    for step in (1, 2, 3):
+        x.copy_(torch.linspace(-4, 4, 64) * (step + 1) + step)  # in place: the address stays
+        graph.replay()
+        backend.synchronize()
+        got = backend.to_host(y)
+        want = backend.to_host(_forward(x, w))
+        stale = torch.equal(got, captured) and not torch.equal(want, captured)
+        expect(not stale, "graph-replay",
+               f"replay {step} after updating the persistent input in place left the captured output stale "
+               "(it still holds the values from capture)")
+        expect(torch.allclose(got, want), "graph-replay",
+               f"replay {step} output differs from the eager result on the same inputs "
+               f"(max abs diff {float((got - want).abs().max()):.3g})")
+
+
+def test_graphs_share_a_pool(graphs):
+    backend = graphs
+    dev = backend.device()
+    x = torch.arange(32, dtype=torch.float32, device=dev)
+    pool = backend.graph_pool_handle()
+    g1, g2 = backend.new_graph(), backend.new_graph()
+    y1 = x + 1
+    y2 = y1 * 2
+    backend.synchronize()
+    with backend.graph_capture(g1, pool=pool):
+        y1 = x + 1
+    with backend.graph_capture(g2, pool=pool):
+        y2 = y1 * 2
+    x.copy_(torch.arange(32, dtype=torch.float32) * 5)
+    g1.replay()
+    g2.replay()
+    backend.synchronize()
+    want = (torch.arange(32, dtype=torch.float32) * 5 + 1) * 2
+    expect(torch.equal(backend.to_host(y2), want), "graph-replay",
+           "two graphs captured into one pool and replayed in capture order gave the wrong result")
+
+
+def test_without_static_graphs_new_graph_refuses(backend, capabilities):
+    if capabilities.static_graphs:
+        pytest.skip(f"driver {backend.name!r} has static graphs {capabilities.static_graph_modes}")
+    with pytest.raises(NotImplementedError):
+        backend.new_graph()
