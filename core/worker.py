@@ -35,6 +35,33 @@ class OmniWorkerMixin:
             del self.model_runner
             self.model_runner = runner_cls(self.vllm_config, device)
 
+    def omni_state(self) -> dict[str, Any]:
+        """What this rank's omni runner holds (``llm.collective_rpc("omni_state")``):
+        driver, runner class, live payload request ids, talker-MTP calls per request."""
+        import os
+
+        from omni_backends.registry import current
+
+        runner = self.model_runner
+        hooks = getattr(runner, "omni_hooks", None)
+        sel = current()
+        return {
+            "pid": os.getpid(),
+            "rank": getattr(self, "rank", None),
+            "driver": sel.name if sel else None,
+            "fingerprint": sel.fingerprint if sel else None,
+            "worker_cls": type(self).__name__,
+            "runner_cls": type(runner).__name__,
+            "runner_mro": [c.__name__ for c in type(runner).__mro__],
+            "payload_ids": hooks.payloads.request_ids() if hooks else None,
+            "payload_devices": (
+                {r: {k: v.device.type for k, v in hooks.payloads.get(r).items() if hasattr(v, "device")}
+                 for r in hooks.payloads.request_ids()} if hooks else None
+            ),
+            "mtp_calls": dict(hooks.mtp_calls) if hooks else None,
+            "mtp_mode": hooks.mtp_mode if hooks else None,
+        }
+
 
 @functools.lru_cache(maxsize=None)
 def worker_class(kind: str) -> type:

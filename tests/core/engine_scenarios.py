@@ -1,0 +1,81 @@
+"""Engine scenarios run in a fresh process each (vLLM and the driver selection
+are per process). ``python tests/core/engine_scenarios.py SCENARIO DEMO_DIR OUT.pt``.
+
+Each scenario saves a dict with ``torch.save``; tests compare the files.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+PROMPTS = [
+    "Hello",
+    "The quick brown fox jumps over the lazy dog",
+    "Omni models hear, think and speak.",
+    "A thinker writes text",
+]
+MAX_TOKENS = [5, 9, 3, 12]
+ENGINE_KW = dict(dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=16, seed=0)
+
+
+def sampling_batch():
+    from vllm import SamplingParams
+
+    params = [SamplingParams(max_tokens=m, temperature=0.0, logprobs=2) for m in MAX_TOKENS]
+    params += [SamplingParams(max_tokens=m, temperature=0.9, top_p=0.9, top_k=50, seed=100 + i, logprobs=2)
+               for i, m in enumerate(MAX_TOKENS)]
+    return PROMPTS + PROMPTS, params
+
+
+def collect(outputs):
+    res = []
+    for o in outputs:
+        c = o.outputs[0]
+        lps = [[(tid, lp.logprob) for tid, lp in sorted(d.items())] for d in (c.logprobs or [])]
+        res.append({
+            "request_id": o.request_id,
+            "prompt_token_ids": list(o.prompt_token_ids),
+            "token_ids": list(c.token_ids),
+            "logprobs": lps,
+            "multimodal_outputs": dict(getattr(o, "multimodal_outputs", {}) or {}),
+        })
+    return res
+
+
+def main(scenario: str, demo_dir: str, out: str) -> None:
+    import torch
+
+    from core.models.create import stock_thinker_view
+
+    thinker = os.path.join(demo_dir, "thinker")
+    result: dict = {"scenario": scenario, "parent_pid": os.getpid()}
+    if scenario == "stock-thinker":
+        from vllm import LLM
+
+        llm = LLM(stock_thinker_view(thinker, os.path.join(demo_dir, "thinker-stock")), **ENGINE_KW)
+        prompts, params = sampling_batch()
+        result["outputs"] = collect(llm.generate(prompts, params, use_tqdm=False))
+    elif scenario in ("omni-thinker", "omni-thinker-mp"):
+        from core.stage import make_engine
+
+        llm = make_engine(thinker, device="cpu", **ENGINE_KW)
+        prompts, params = sampling_batch()
+        result["outputs"] = collect(llm.generate(prompts, params, use_tqdm=False))
+        result["workers"] = llm.collective_rpc("omni_state")
+    elif scenario == "omni-thinker-tp2":
+        from core.stage import make_engine
+
+        llm = make_engine(thinker, device="cpu", tensor_parallel_size=2, **ENGINE_KW)
+        prompts, params = sampling_batch()
+        result["outputs"] = collect(llm.generate(prompts[:4], params[:4], use_tqdm=False))
+        result["workers"] = llm.collective_rpc("omni_state")
+    else:
+        raise SystemExit(f"unknown scenario {scenario!r}")
+    torch.save(result, out)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
