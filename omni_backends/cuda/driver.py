@@ -1,16 +1,74 @@
 """CUDA driver on vLLM 0.33 (NVIDIA GPUs).
 
-Probing never initialises CUDA: it counts GPUs through NVML when
-``nvidia-ml-py`` is installed, else through ``/proc/driver/nvidia/gpus``.
+- identity: ``--device cuda``, torch device type ``cuda``, ``nccl``,
+  ``CUDA_VISIBLE_DEVICES``, priority 100.
+- probe: never initialises CUDA and never imports torch or vLLM: it counts
+  GPUs through NVML (``nvidia-ml-py``) when installed, else through
+  ``/proc/driver/nvidia/gpus``, and reads distribution metadata.
+- device operations: ``torch.accelerator`` / ``torch.Stream`` / ``torch.Event``
+  (:class:`~omni_backends.torch_device.TorchAcceleratorOps`); graph primitive
+  ``torch.cuda.CUDAGraph``, ``torch.cuda.graph``, ``torch.cuda.graph_pool_handle``.
+- forward context: ``vllm.forward_context.set_forward_context``
+- graph wrapping: ``vllm.compilation.cuda_graph.CUDAGraphWrapper``, capture
+  context ``vllm.distributed.parallel_state.graph_capture``, shutdown
+  ``CUDAGraphWrapper.clear_all_graphs``
+- sampler: ``vllm.v1.sample.sampler.Sampler`` (V1); the V2 runner builds its
+  own ``vllm.v1.worker.gpu.sample.sampler.Sampler`` (:meth:`CudaBackend.v2_sampler_cls`)
+- buffers: ``vllm.v1.utils.CpuGpuBuffer`` with pinned memory, wrapped in a
+  :class:`~omni_backends.torch_device.FencedHostBuffer` (copy contract below)
+- attention metadata: ``vllm.v1.attention.backend.CommonAttentionMetadata``
+  and the base runner's builders
+- bases: ``vllm.v1.worker.gpu_model_runner.GPUModelRunner`` (V1),
+  ``vllm.v1.worker.gpu.model_runner.GPUModelRunner`` (V2),
+  ``vllm.v1.worker.gpu_worker.Worker``
+
+Copy contract (:meth:`CudaBackend.copy_to_device`): a CPU->device copy is
+non-blocking and stream-ordered before the next kernel; the pinned source is
+never rewritten while the copy reads it, because the buffer's host side
+(``.cpu`` / ``.np``) waits on an event recorded right after the copy. See
+``docs/cuda.md``.
 """
 
 from __future__ import annotations
 
 import os
-from typing import ClassVar
+from typing import Any, ClassVar, ContextManager
 
-from omni_backends.backend import Backend, ProbeResult, ProbeState, Verification
+from omni_backends.backend import Backend, Capabilities, ProbeResult, ProbeState, Verification
+from omni_backends.binding import VendorSymbol
+from omni_backends.errors import OmniBackendError
 from omni_backends.probing import dist_version, module_findable, version_mismatches, versions_of
+from omni_backends.torch_device import FencedHostBuffer, TorchAcceleratorOps, copy_host_to_device
+from omni_backends.vllm_upstream import VllmUpstreamBindings
+
+GPU_MODEL_RUNNER_V1 = VendorSymbol(
+    "vllm.v1.worker.gpu_model_runner",
+    "GPUModelRunner",
+    params=("vllm_config", "device"),
+    required=("vllm_config", "device"),
+    kind="class",
+)
+GPU_MODEL_RUNNER_V2 = VendorSymbol(
+    "vllm.v1.worker.gpu.model_runner",
+    "GPUModelRunner",
+    params=("vllm_config", "device"),
+    required=("vllm_config", "device"),
+    kind="class",
+)
+GPU_WORKER = VendorSymbol(
+    "vllm.v1.worker.gpu_worker",
+    "Worker",
+    params=("vllm_config", "local_rank", "rank", "distributed_init_method", "is_driver_worker"),
+    required=("vllm_config", "local_rank", "rank", "distributed_init_method"),
+    kind="class",
+)
+V2_SAMPLER = VendorSymbol(
+    "vllm.v1.worker.gpu.sample.sampler",
+    "Sampler",
+    params=("vllm_config", "max_num_reqs", "vocab_size", "device", "req_states", "logprobs_mode"),
+    required=("vllm_config", "max_num_reqs", "vocab_size", "device", "req_states"),
+    kind="class",
+)
 
 
 def nvidia_gpu_count() -> tuple[int, str]:
@@ -34,7 +92,9 @@ def nvidia_gpu_count() -> tuple[int, str]:
         return 0, how
 
 
-class CudaBackend(Backend):
+class CudaBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
+    """NVIDIA GPUs through vLLM's CUDA platform (see the module docstring for every binding)."""
+
     name: ClassVar[str] = "cuda"
     device_type: ClassVar[str] = "cuda"
     dist_backend: ClassVar[str] = "nccl"
@@ -74,3 +134,108 @@ class CudaBackend(Backend):
                                versions, device_count=count)
         except Exception as exc:  # a probe never raises
             return ProbeResult(ProbeState.NOT_INSTALLED, f"probe failed: {exc}", {}, error=repr(exc))
+
+    # --------------------------------------------------------- capabilities
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            static_graph_modes=("PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"),
+            h2d_stream_ordered=True,
+            d2h_stream_ordered=True,
+            pinned_memory=True,
+            v1_runner=True,
+            v2_runner=True,  # vLLM 0.33 on CUDA defaults to the V2 model runner
+            talker_mtp_graph=True,
+            device_sync_after_replay_safe=True,
+        )
+
+    # ------------------------------------------------- torch graph primitive
+    def new_graph(self) -> Any:
+        """A new ``torch.cuda.CUDAGraph``."""
+        import torch
+
+        return torch.cuda.CUDAGraph()
+
+    def graph_capture(self, graph: Any, pool: Any = None, stream: Any = None) -> ContextManager[Any]:
+        """``torch.cuda.graph(graph, pool=pool, stream=stream)``: capture the block into ``graph``.
+
+        ``stream`` is a ``torch.cuda.Stream`` (``None``: torch's side capture
+        stream). Raises ``RuntimeError`` from CUDA if the block synchronizes or
+        allocates pinned host memory while capturing.
+        """
+        import torch
+
+        return torch.cuda.graph(graph, pool=pool, stream=stream)
+
+    def graph_pool_handle(self) -> Any:
+        """``torch.cuda.graph_pool_handle()``: a memory pool several captures can share."""
+        import torch
+
+        return torch.cuda.graph_pool_handle()
+
+    # ------------------------------------------------------------- sampler
+    def v2_sampler_cls(self) -> type:
+        """``vllm.v1.worker.gpu.sample.sampler.Sampler``: the sampler vLLM's V2
+        model runner constructs itself (``Sampler(vllm_config, max_num_reqs,
+        vocab_size, device, req_states, logprobs_mode=...)``); the omni V2
+        model state reaches it through the runner, never builds its own."""
+        return V2_SAMPLER.resolve()
+
+    # ------------------------------------------------------------- buffers
+    def make_buffer(self, *size: int, dtype: Any, numpy: bool = True) -> FencedHostBuffer:
+        """``vllm.v1.utils.CpuGpuBuffer(*size, dtype=, device=, pin_memory=True, with_numpy=numpy)``
+        wrapped in a :class:`~omni_backends.torch_device.FencedHostBuffer`
+        (``.cpu``/``.np``/``.gpu``/``copy_to_gpu``/``copy_to_cpu`` as in vLLM;
+        host reads wait for in-flight copies). ``numpy`` must be False for
+        bfloat16 (vLLM raises ``ValueError`` otherwise)."""
+        return self.fence_buffer(VllmUpstreamBindings.make_buffer(self, *size, dtype=dtype, numpy=numpy))
+
+    def fence_buffer(self, buffer: Any) -> FencedHostBuffer:
+        """Wrap any ``CpuGpuBuffer``-like pair (``.cpu`` pinned, ``.gpu`` on this
+        device) so that its host side waits for copies in flight. Raises
+        ``ValueError`` if ``.cpu`` is not pinned or ``.gpu`` is not a CUDA tensor."""
+        import torch
+
+        if not buffer.cpu.is_pinned():
+            raise ValueError("the host side of a CUDA buffer must be pinned (torch.empty(..., pin_memory=True)); "
+                             "a pageable source makes non-blocking copies synchronous")
+        if buffer.gpu.device.type != self.device_type:
+            raise ValueError(f"the device side must be a {self.device_type} tensor, got {buffer.gpu.device}")
+        return FencedHostBuffer(buffer, torch.Event(device=buffer.gpu.device))
+
+    def copy_to_device(self, buffer: Any, n: int | None = None) -> Any:
+        """Copy ``buffer.cpu[:n]`` into ``buffer.gpu[:n]``; returns the device slice.
+
+        Contract: the copy is non-blocking and ordered before the next kernel
+        on the current stream. The pinned source is never reused while the
+        copy is in flight: for a :class:`FencedHostBuffer` (what
+        :meth:`make_buffer` returns) the next read of ``buffer.cpu`` /
+        ``buffer.np`` waits on the event recorded after the copy; for an
+        unwrapped ``CpuGpuBuffer`` the call waits for its copy before
+        returning. Either way the caller may rewrite the host side right after.
+        """
+        return copy_host_to_device(buffer, n)
+
+    # --------------------------------------------------------- runner bases
+    def model_runner_base(self, v2: bool = False) -> type:
+        """V1 ``vllm.v1.worker.gpu_model_runner.GPUModelRunner`` or V2
+        ``vllm.v1.worker.gpu.model_runner.GPUModelRunner``. Raises
+        :class:`OmniBackendError` if vLLM's CUDA build is not installed."""
+        sym = GPU_MODEL_RUNNER_V2 if v2 else GPU_MODEL_RUNNER_V1
+        return self._resolve(sym)
+
+    def worker_base(self) -> type:
+        """``vllm.v1.worker.gpu_worker.Worker``."""
+        return self._resolve(GPU_WORKER)
+
+    def _resolve(self, sym: VendorSymbol) -> Any:
+        try:
+            return sym.resolve()
+        except ImportError as exc:
+            raise OmniBackendError(
+                f"the cuda driver needs vLLM's CUDA build for {sym.qualname}: {exc}. "
+                "Install it with `pip install 'omni-backends[cuda]'` on a machine with an NVIDIA GPU."
+            ) from exc
+
+    def vllm_platform_env(self) -> dict[str, str]:
+        """``VLLM_TARGET_DEVICE=cuda`` so vLLM resolves its CUDA platform (NVML-detected)."""
+        return {"VLLM_TARGET_DEVICE": "cuda"}
