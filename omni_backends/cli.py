@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import textwrap
 from typing import Any, Sequence
 
 from omni_backends.errors import OmniBackendError
@@ -21,51 +23,130 @@ COMMANDS_NAMESPACE = "omni_backends.commands"
 DESCRIPTION = """\
 omni-backends: one hardware backend layer for omni-modality model runners on vLLM.
 
-A driver (cuda, npu/ascend, xpu, cpu, or a vendor's out-of-tree driver)
-supplies what differs per device; one device-neutral omni runner does the rest.
-Device selection: --device NAME > OMNI_BACKENDS_DEVICE > auto-detect (the
-highest-priority usable driver; cpu is the embedded default).
+A driver (cuda, npu alias ascend, xpu, cpu, or a vendor's out-of-tree driver
+registered under the entry-point group omni_backends.drivers) supplies what
+differs per device; one device-neutral omni runner does the rest.
+
+Device selection, first match wins:
+  1. --device NAME          (a driver name or alias, any case; 'auto' = rule 3)
+  2. OMNI_BACKENDS_DEVICE   (same values)
+  3. auto-detect            the highest-priority *usable* driver; equal
+                            priorities break by name; cpu is the default
+An explicit choice that cannot run here is an error that says why and what to
+do; it never falls back silently. Start with `omni-backends devices`.
+"""
+
+DEVICES_DESCRIPTION = """\
+Probe every installed driver and show, per driver: its probe state, the
+reason and the fix, the vendor versions found, its priority, identity
+(torch device type, distributed backend, visible-devices variable), its
+capability flags (when the driver can be constructed cheaply), how this
+project verifies it, and which driver would be selected, by which rule, and
+why the others were skipped.
+
+Probing is cheap: no vendor stack (vllm, torch_npu, IPEX) and not even torch
+is imported, and no driver is bound.
+
+probe states, in order:
+  not-installed  a required vendor package is absent
+  installed      packages present, but importing them fails
+  importable     imports work, but no device is visible or versions mismatch
+  usable         this driver can run here
+"""
+
+DEVICES_EPILOG = """\
+exit status: 0 if a driver would be selected, 1 if none would (the report
+says why), 2 on a usage error.
+
+examples:
+  omni-backends devices                  what is installed, what auto-detect picks
+  omni-backends devices --device ascend  would the Ascend (npu) driver run here?
+  OMNI_BACKENDS_DEVICE=cpu omni-backends devices --json
 """
 
 
 def _fmt_versions(versions: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v}" if v else f"{k} -" for k, v in versions.items()) or "-"
+    return ", ".join(f"{k} {v}" if v else f"{k} (absent)" for k, v in versions.items()) or "-"
+
+
+def _fmt_flag(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return "+".join(str(v) for v in value) or "none"
+    return str(value)
+
+
+def _wrapped(label: str, text: str, indent: int = 4, width: int = 100) -> list[str]:
+    """``label`` then ``text`` wrapped, continuation lines aligned under the text."""
+    head = " " * indent + f"{label:<13} "
+    return textwrap.wrap(text, width=width, initial_indent=head, subsequent_indent=" " * len(head),
+                         break_on_hyphens=False) or [head.rstrip()]
+
+
+def _state(d: dict[str, Any]) -> str:
+    if d.get("problem"):
+        return "error"
+    return (d.get("probe") or {}).get("state", "not loaded")
 
 
 def render_devices_text(report: dict[str, Any]) -> str:
-    lines = [f"omni-backends drivers (Backend interface v{report['interface_version']}):", ""]
-    for d in report["drivers"]:
+    """The ``devices`` report (see :func:`omni_backends.registry.devices_report`) as text."""
+    sel = report["selection"]
+    selected = sel.get("selected")
+    drivers = report["drivers"]
+    rows = [("DRIVER", "STATE", "PRIORITY", "DISTRIBUTION", "VERIFIED BY")]
+    for d in drivers:
+        rows.append((
+            d["name"] + (" *" if d["name"] == selected else ""),
+            _state(d),
+            "-" if d["priority"] is None else str(d["priority"]),
+            d["distribution"] or "?",
+            ", ".join(d.get("verification") or []) or "-",
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = [f"omni-backends drivers (Backend interface v{report['interface_version']}); * = would be selected", ""]
+    lines += ["  " + "  ".join(f"{cell:<{w}}" for cell, w in zip(r, widths)) + "  " + r[-1] for r in rows]
+    for d in drivers:
         probe = d.get("probe") or {}
-        state = probe.get("state", "not loaded") if not d.get("problem") else "error"
-        lines.append(f"  {d['name']:<6} {state:<14} priority {d['priority'] if d['priority'] is not None else '-'}"
-                     f"   from {d['distribution']}")
+        lines += ["", f"  {d['name']}"]
         if d.get("problem"):
-            lines.append(f"         problem:  {d['problem']}")
+            lines += _wrapped("problem", d["problem"])
         if probe:
-            lines.append(f"         reason:   {probe.get('reason')}")
+            lines += _wrapped("reason", str(probe.get("reason")))
             if probe.get("fix"):
-                lines.append(f"         fix:      {probe['fix']}")
+                lines += _wrapped("fix", probe["fix"])
             if probe.get("error"):
-                lines.append(f"         error:    {probe['error']}")
-            lines.append(f"         versions: {_fmt_versions(probe.get('versions', {}))}")
-        if d.get("verification"):
-            lines.append(f"         verified: {', '.join(d['verification'])}")
+                lines += _wrapped("error", probe["error"].strip().splitlines()[-1])
+            lines += _wrapped("versions", _fmt_versions(probe.get("versions", {})))
         ident = d.get("identity")
         if ident:
-            aliases = f" (alias {', '.join(ident['aliases'])})" if ident["aliases"] else ""
-            lines.append(f"         identity: device_type={ident['device_type']}{aliases} dist={ident['dist_backend']} "
-                         f"visible={ident['visible_devices_env'] or '-'}")
-    for n in report.get("notes", []):
-        lines.append(f"  note: {n}")
-    sel = report["selection"]
+            aliases = ", ".join(ident["aliases"]) or "-"
+            lines += _wrapped(
+                "identity",
+                f"torch device {ident['device_type']}; dist backend {ident['dist_backend']}; visible-devices "
+                f"variable {ident['visible_devices_env'] or '-'}; aliases {aliases}",
+            )
+        caps = d.get("capabilities")
+        if caps:
+            lines += _wrapped("capabilities", "; ".join(f"{k} {_fmt_flag(v)}" for k, v in caps.items()))
+        elif d.get("capabilities_skipped"):
+            lines += _wrapped("capabilities", f"not shown: {d['capabilities_skipped']}")
+    if report.get("notes"):
+        lines += ["", "  discovery notes:"]
+        for n in report["notes"]:
+            lines += _wrapped("-", n, indent=4, width=100)
     lines.append("")
-    if sel.get("selected"):
-        lines.append(f"would select: {sel['selected']}  (rule: {sel['rule']})")
-        lines.append(f"  why: {sel['reason']}")
+    if selected:
+        lines.append(f"would select: {selected}  (rule: {sel['rule']})")
+        lines += _wrapped("why", sel["reason"], indent=2)
         for n in sel.get("notes", []):
-            lines.append(f"  note: {n}")
+            lines += _wrapped("note", n, indent=2)
     else:
-        lines.append(f"would select: nothing -- {sel.get('error')}")
+        lines.append("would select: nothing")
+        lines += _wrapped("error", str(sel.get("error")), indent=2)
+        if sel.get("traceback"):
+            lines += ["  original traceback:"] + ["    " + t for t in sel["traceback"].rstrip().splitlines()]
     return "\n".join(lines)
 
 
@@ -77,7 +158,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         print(render_devices_text(report))
-    return 0
+    return 0 if report["selection"].get("selected") else 1
 
 
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
@@ -116,13 +197,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser(
         "devices",
-        help="list installed drivers, their probe state, and which would be selected",
-        description="Probe every installed driver (cheap: no vendor stack is imported) and show its state "
-        "(not-installed / installed / importable / usable), reason, versions, priority, how this project "
-        "verifies it, and which driver would be selected and why.",
+        help="list installed drivers, their probe state, and which would be selected and why",
+        description=DEVICES_DESCRIPTION,
+        epilog=DEVICES_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_device_argument(p)
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--json", action="store_true",
+                   help="print the report as JSON (keys: interface_version, notes, drivers[], selection)")
     p.set_defaults(func=_cmd_devices)
     errors = _load_plugin_commands(sub)
     return parser, errors
@@ -144,6 +226,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("omni-backends: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `omni-backends devices --json | head`
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -21,17 +21,21 @@ a different driver raises.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import importlib.abc
 import importlib.metadata
+import inspect
 import json
 import logging
 import os
+import sys
 import threading
 import traceback
-from typing import Any
+from typing import Any, Iterator, Mapping
 
-from omni_backends.backend import INTERFACE_VERSION, Backend, ProbeResult
+from omni_backends.backend import INTERFACE_VERSION, Backend, ProbeResult, ProbeState
 from omni_backends.errors import (
     DeviceNotUsableError,
     DriverLoadError,
@@ -141,16 +145,28 @@ def _entry_points_with_dists() -> dict[str, list[tuple[str, str | None]]]:
     return out
 
 
-def _stevedore_extensions(failures: dict[str, tuple[BaseException, str]]) -> tuple[list[Any], str | None]:
-    """Load every driver through stevedore; returns (extensions, cache problem or None).
+def _load_direct(eps: Any, failures: dict[str, tuple[BaseException, str]]) -> dict[str, Any]:
+    """Load entry points with ``EntryPoint.load()``; failures are recorded, never swallowed."""
+    plugins: dict[str, Any] = {}
+    for ep in eps:
+        try:
+            plugins[ep.name] = ep.load()
+        except Exception as exc:  # recorded with its traceback
+            failures[ep.name] = (exc, traceback.format_exc())
+    return plugins
 
-    A corrupt or unusable stevedore entry-point cache (``~/.cache/python-entrypoints``)
-    must not break discovery: if the manager itself fails, the entry points are
-    read from ``importlib.metadata`` and loaded into a stevedore manager
-    built with ``ExtensionManager.make_test_instance``.
+
+def _stevedore_plugins(failures: dict[str, tuple[BaseException, str]]) -> tuple[dict[str, Any], str | None]:
+    """Load every driver through stevedore; returns ``({name: plugin}, problem or None)``.
+
+    stevedore reads entry points through its on-disk cache
+    (``$XDG_CACHE_HOME/python-entrypoints``; never written for interpreters
+    under ``/tmp``). Garbage JSON there stevedore rebuilds itself; undecodable
+    bytes or valid JSON of the wrong shape make ``ExtensionManager`` raise. A
+    corrupt or unusable cache must not break discovery, so then the entry
+    points are read from ``importlib.metadata`` and loaded directly.
     """
     from stevedore import ExtensionManager
-    from stevedore.extension import Extension
 
     def on_failure(_manager: Any, entry_point: Any, exc: BaseException) -> None:
         failures[entry_point.name] = (exc, traceback.format_exc())
@@ -162,17 +178,42 @@ def _stevedore_extensions(failures: dict[str, tuple[BaseException, str]]) -> tup
             on_load_failure_callback=on_failure,
             propagate_map_exceptions=True,
         )
-        return list(mgr.extensions), None
-    except Exception as exc:  # corrupt cache contents stevedore cannot parse
-        problem = f"stevedore entry-point cache unusable ({type(exc).__name__}: {exc}); read entry points directly"
+        return {ext.name: ext.plugin for ext in mgr.extensions}, None
+    except Exception as exc:  # corrupt cache contents stevedore cannot parse, or a driver raising AssertionError
+        problem = (
+            f"stevedore could not list the drivers ({type(exc).__name__}: {exc}); its entry-point cache in "
+            f"{_stevedore_cache_dir()} is probably corrupt (delete it). Entry points were read directly."
+        )
         log.warning(problem)
-        exts = []
-        for ep in importlib.metadata.entry_points(group=NAMESPACE):
-            try:
-                exts.append(Extension(ep.name, ep, ep.load(), None))
-            except Exception as load_exc:  # recorded, never swallowed
-                failures[ep.name] = (load_exc, traceback.format_exc())
-        return list(ExtensionManager.make_test_instance(exts, namespace=NAMESPACE).extensions), problem
+        failures.clear()
+        return _load_direct(importlib.metadata.entry_points(group=NAMESPACE), failures), problem
+
+
+def _stevedore_cache_dir() -> str:
+    try:
+        from stevedore import _cache
+
+        return str(_cache._c._dir)
+    except Exception:  # private API moved: say where it usually is
+        return "~/.cache/python-entrypoints"
+
+
+def _interface_problem(plugin: Any, value: str, dists: list[str]) -> str | None:
+    """Why a loaded entry-point object is not a usable driver class, or None."""
+    if not (isinstance(plugin, type) and issubclass(plugin, Backend)):
+        return f"entry point {value!r} is not a Backend subclass (got {plugin!r}); fix the distribution {', '.join(dists)}"
+    versions = getattr(plugin, "interface_versions", ())
+    try:
+        versions = tuple(versions)
+    except TypeError:
+        versions = (versions,)
+    if INTERFACE_VERSION not in versions:
+        return (
+            f"driver implements Backend interface version(s) {list(versions)} but this omni-backends speaks "
+            f"version {INTERFACE_VERSION}; install a release of {', '.join(dists)} built for interface "
+            f"version {INTERFACE_VERSION}, or an omni-backends that speaks {list(versions)}"
+        )
+    return None
 
 
 def discover() -> tuple[dict[str, DriverEntry], list[str]]:
@@ -180,14 +221,37 @@ def discover() -> tuple[dict[str, DriverEntry], list[str]]:
 
     Returns ``(entries by name, notes)``. Load failures, duplicate names and
     incompatible interface versions are recorded on the entries, not raised.
+    ``importlib.metadata`` is the source of truth for which drivers are
+    installed: a driver stevedore's (stale) cache does not list is loaded
+    directly, a cached one no distribution declares is ignored, and a note
+    says so.
     """
     notes: list[str] = []
     declared = _entry_points_with_dists()
     failures: dict[str, tuple[BaseException, str]] = {}
-    exts, cache_problem = _stevedore_extensions(failures)
+    loaded, cache_problem = _stevedore_plugins(failures)
     if cache_problem:
         notes.append(cache_problem)
-    loaded = {ext.name: ext.plugin for ext in exts}
+    missing = [n for n in declared if n not in loaded and n not in failures]
+    phantom = sorted(n for n in {*loaded, *failures} if n not in declared)
+    if missing or phantom:
+        notes.append(
+            "stevedore's entry-point cache is stale ("
+            + "; ".join(
+                part
+                for part in (
+                    f"missing installed driver(s) {', '.join(sorted(missing))}" if missing else "",
+                    f"lists driver(s) no installed distribution declares: {', '.join(phantom)}" if phantom else "",
+                )
+                if part
+            )
+            + f"); used the installed metadata instead. Delete {_stevedore_cache_dir()} to refresh it."
+        )
+        for name in phantom:
+            loaded.pop(name, None)
+            failures.pop(name, None)
+        eps = [ep for ep in importlib.metadata.entry_points(group=NAMESPACE) if ep.name in missing]
+        loaded.update(_load_direct(eps, failures))
 
     entries: dict[str, DriverEntry] = {}
     for name, targets in declared.items():
@@ -200,15 +264,8 @@ def discover() -> tuple[dict[str, DriverEntry], list[str]]:
             entry.load_error, entry.load_traceback = failures[name]
         elif name in loaded:
             plugin = loaded[name]
-            if not (isinstance(plugin, type) and issubclass(plugin, Backend)):
-                entry.incompatible = f"entry point {value!r} is not a Backend subclass (got {plugin!r})"
-            elif INTERFACE_VERSION not in tuple(getattr(plugin, "interface_versions", ())):
-                entry.incompatible = (
-                    f"driver implements Backend interface version(s) {list(plugin.interface_versions)} but this "
-                    f"omni-backends speaks version {INTERFACE_VERSION}; upgrade the driver distribution "
-                    f"{', '.join(dists)} or install a matching omni-backends"
-                )
-            else:
+            entry.incompatible = _interface_problem(plugin, value, dists)
+            if entry.incompatible is None:
                 entry.cls = plugin
         entries[name] = entry
     return entries, notes
@@ -229,44 +286,82 @@ def problem_of(entry: DriverEntry) -> str | None:
 
 
 def _aliases(entries: dict[str, DriverEntry]) -> dict[str, str]:
-    table = {}
+    table: dict[str, str] = {}
     for name, entry in entries.items():
         if entry.cls is not None:
             for alias in entry.cls.aliases:
-                table.setdefault(alias, name)
+                table.setdefault(alias.strip().lower(), name)
     return table
 
 
-def resolve_name(name: str, entries: dict[str, DriverEntry]) -> str:
-    """Canonical driver name for a typed name or alias (case-insensitive).
+def resolve_name(name: str, entries: dict[str, DriverEntry], *, source: str = "--device") -> str:
+    """Canonical driver name for a typed name or alias (case-insensitive, surrounding blanks ignored).
 
-    Raises :class:`UnknownDeviceError` listing the installed names.
+    ``source`` names where the value came from, for the error message.
+    Raises :class:`UnknownDeviceError` listing the installed names and aliases.
     """
     key = name.strip().lower()
-    if key in entries:
-        return key
+    by_lower = {n.lower(): n for n in entries}
+    if key in by_lower:
+        return by_lower[key]
     aliases = _aliases(entries)
     if key in aliases:
         return aliases[key]
     known = sorted(entries) + sorted(f"{a} (= {t})" for a, t in aliases.items())
     raise UnknownDeviceError(
-        f"unknown device {name!r}. Installed drivers: {', '.join(known) or 'none'}; "
-        f"or use 'auto'. Check --device / {ENV_DEVICE}."
+        f"unknown device {name!r} (from {source}). Installed drivers: {', '.join(known) or 'none'}. "
+        f"Use one of them or 'auto' in {source}, or install the driver's distribution."
     )
 
 
 # --------------------------------------------------------------- selection
+_lock = threading.RLock()
+_selected: Selection | None = None
+_selecting = threading.local()
+
+
+@contextlib.contextmanager
+def _selection_in_progress() -> Iterator[None]:
+    """Mark this thread as selecting: driver code run meanwhile (probes,
+    constructors) that calls :func:`select` gets an error, not a recursion."""
+    previous = getattr(_selecting, "active", False)
+    _selecting.active = True
+    try:
+        yield
+    finally:
+        _selecting.active = previous
+
+
+def safe_probe(cls: type[Backend]) -> ProbeResult:
+    """``cls.probe()``, turning a probe that breaks its never-raise promise into a
+    not-usable :class:`ProbeResult` carrying the traceback."""
+    try:
+        with _selection_in_progress():
+            result = cls.probe()
+        if isinstance(result, ProbeResult):
+            return result
+        problem, error = f"probe() returned {type(result).__name__}, not a ProbeResult", None
+    except Exception as exc:  # a third-party probe that raises must not break discovery
+        problem, error = f"probe() raised {type(exc).__name__}: {exc}", traceback.format_exc()
+    return ProbeResult(
+        ProbeState.INSTALLED,
+        f"the driver's {problem}",
+        {},
+        fix=f"report this to the driver's distribution (a probe must never raise); or uninstall it",
+        error=error,
+    )
+
+
 def _candidates(entries: dict[str, DriverEntry]) -> list[Candidate]:
     out = []
     for name in sorted(entries):
         e = entries[name]
-        probe = e.cls.probe() if e.loaded else None
         out.append(
             Candidate(
                 name=name,
                 distribution=e.distribution,
                 priority=e.cls.priority if e.cls is not None else None,
-                probe=probe,
+                probe=safe_probe(e.cls) if e.loaded and e.cls is not None else None,
                 problem=problem_of(e),
                 verification=[v.value for v in e.cls.verification] if e.cls is not None else [],
             )
@@ -286,32 +381,43 @@ def _raise_for_entry(entry: DriverEntry) -> None:
         raise IncompatibleDriverError(f"driver {entry.name!r}: {entry.incompatible}")
 
 
-def decide(device: str | None = None, *, env: dict[str, str] | None = None, flag_name: str = "--device") -> Selection:
-    """Pick a driver without binding it. Pure apart from probing; raises on bad input.
-
-    ``device``: explicit name (or ``"auto"``/``None``). ``env`` defaults to
-    ``os.environ``. Raises :class:`UnknownDeviceError`,
-    :class:`DeviceNotUsableError`, :class:`DriverLoadError`,
-    :class:`DuplicateDriverError`, :class:`IncompatibleDriverError`,
-    :class:`NoUsableDeviceError`.
-    """
-    env = os.environ if env is None else env
-    entries, notes = discover()
+def _requested(device: str | None, env: Mapping[str, str], entries: dict[str, DriverEntry], flag_name: str,
+               notes: list[str]) -> tuple[str, str | None, str]:
+    """Apply the precedence; returns ``(rule, requested name or None for auto, source)``."""
     env_value = (env.get(ENV_DEVICE) or "").strip()
-    if device is not None and device.strip().lower() != AUTO:
-        rule, requested = f"explicit {flag_name}", device
-        if env_value and env_value.lower() not in (AUTO, device.strip().lower()):
-            notes.append(f"{flag_name}={device} overrides {ENV_DEVICE}={env_value}")
-    elif device is None and env_value and env_value.lower() != AUTO:
-        rule, requested = f"environment {ENV_DEVICE}", env_value
-    else:
-        rule, requested = "auto-detect", None
+    env_set = bool(env_value) and env_value.lower() != AUTO
+    if device is not None and device.strip():
+        if env_set and not _same_driver(device, env_value, entries):
+            notes.append(f"{flag_name}={device.strip()} overrides {ENV_DEVICE}={env_value}")
+        if device.strip().lower() == AUTO:
+            return "auto-detect", None, flag_name
+        return f"explicit {flag_name}", device, flag_name
+    if env_set:
+        return f"environment {ENV_DEVICE}", env_value, ENV_DEVICE
+    return "auto-detect", None, "auto-detect"
 
-    candidates = _candidates(entries)
+
+def _same_driver(a: str, b: str, entries: dict[str, DriverEntry]) -> bool:
+    try:
+        return resolve_name(a, entries) == resolve_name(b, entries)
+    except UnknownDeviceError:
+        return a.strip().lower() == b.strip().lower()
+
+
+def _decide(
+    entries: dict[str, DriverEntry],
+    candidates: list[Candidate],
+    notes: list[str],
+    device: str | None,
+    env: Mapping[str, str],
+    flag_name: str,
+) -> Selection:
+    notes = list(notes)
+    rule, requested, source = _requested(device, env, entries, flag_name, notes)
     by_name = {c.name: c for c in candidates}
 
     if requested is not None:
-        name = resolve_name(requested, entries)
+        name = resolve_name(requested, entries, source=source)
         _raise_for_entry(entries[name])
         probe = by_name[name].probe
         assert probe is not None
@@ -319,7 +425,8 @@ def decide(device: str | None = None, *, env: dict[str, str] | None = None, flag
             raise DeviceNotUsableError(
                 f"device {name!r} was requested ({rule}) but is not usable here: {probe.reason.rstrip('.')}."
                 + (f" To fix: {probe.fix}." if probe.fix else "")
-                + (f" Error: {probe.error}" if probe.error else ""),
+                + (f" Error: {probe.error.strip()}" if probe.error else "")
+                + f" Or choose another device (`omni-backends devices` lists them).",
                 probe=probe,
             )
         reason = f"{name} was requested ({rule}) and probes usable: {probe.reason}"
@@ -328,20 +435,24 @@ def decide(device: str | None = None, *, env: dict[str, str] | None = None, flag
         if not usable:
             lines = "; ".join(f"{c.name}: {c.problem or (c.probe.reason if c.probe else '?')}" for c in candidates)
             raise NoUsableDeviceError(
-                f"no usable device driver found ({lines}). Install a vendor stack, e.g. "
-                f"`pip install 'omni-backends[cpu]'`, or pick one with --device."
+                f"no usable device driver found ({lines or 'no driver is installed'}). Install a vendor stack, "
+                f"e.g. `pip install 'omni-backends[cpu]'`, or pick one with --device."
             )
         usable.sort(key=lambda c: (-(c.priority or 0), c.name))
         best = usable[0]
         name = best.name
         ties = [c.name for c in usable if c.priority == best.priority]
-        reason = f"{name} has the highest priority ({best.priority}) among usable drivers ({', '.join(c.name for c in usable)})"
+        reason = (
+            f"{name} has the highest priority ({best.priority}) among usable drivers "
+            f"({', '.join(f'{c.name} {c.priority}' for c in usable)})"
+        )
         if len(ties) > 1:
-            notes.append(f"priority tie between {', '.join(ties)} broken by name: {name}")
+            notes.append(f"priority tie between {', '.join(ties)} (all {best.priority}) broken by name: {name}")
         for c in candidates:
-            if c.name != name and (c.priority or 0) > (best.priority or 0):
+            if c.name != name and (c.priority is None or c.priority > (best.priority or 0)):
                 why = c.problem or (c.probe.reason if c.probe else "not loaded")
-                notes.append(f"{c.name} (priority {c.priority}) skipped: {why}")
+                prio = "" if c.priority is None else f" (priority {c.priority})"
+                notes.append(f"{c.name}{prio} skipped: {why}")
 
     cls = entries[name].cls
     assert cls is not None
@@ -351,45 +462,70 @@ def decide(device: str | None = None, *, env: dict[str, str] | None = None, flag
     )
 
 
-_lock = threading.RLock()
-_selected: Selection | None = None
-_selecting = threading.local()
+def decide(device: str | None = None, *, env: Mapping[str, str] | None = None, flag_name: str = "--device") -> Selection:
+    """Pick a driver without binding it. Pure apart from discovery and probing; raises on bad input.
+
+    ``device``: explicit name or alias (case-insensitive), ``"auto"`` (auto-detect
+    even if ``OMNI_BACKENDS_DEVICE`` is set) or ``None`` (fall through to the
+    variable, then auto-detect). ``env`` defaults to ``os.environ``;
+    ``flag_name`` is how the explicit value is named in reports. Raises
+    :class:`UnknownDeviceError`, :class:`DeviceNotUsableError`,
+    :class:`DriverLoadError` (the import error chained as ``__cause__``),
+    :class:`DuplicateDriverError`, :class:`IncompatibleDriverError`,
+    :class:`NoUsableDeviceError`.
+    """
+    entries, notes = discover()
+    return _decide(entries, _candidates(entries), notes, device, os.environ if env is None else env, flag_name)
+
+
+def _instantiate(name: str, cls: type[Backend]) -> Backend:
+    """``cls()``, refusing an incomplete (abstract) driver class with a clear message."""
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
+        raise IncompatibleDriverError(
+            f"driver {name!r} ({cls.__module__}.{cls.__qualname__}) does not implement the Backend interface "
+            f"yet (missing: {missing}); it can be probed but not run. Choose another device with --device."
+        )
+    return cls()
 
 
 def select(device: str | None = None, *, export: bool = True, flag_name: str = "--device") -> Selection:
     """Select and bind the process's driver once; thread-safe, never re-entered.
 
     The first call decides (see :func:`decide`) and instantiates the driver;
-    later calls return the same :class:`Selection`. A later call that names a
-    *different* driver raises :class:`OmniBackendError`. With ``export`` the
-    choice is written to ``OMNI_BACKENDS_DEVICE`` / ``OMNI_BACKENDS_SELECTION``
-    and the driver's vLLM platform variables, so vLLM worker processes resolve
-    the same driver.
+    later calls (from any thread) return the same :class:`Selection`, whose
+    ``backend`` is the one driver instance. A later call that names a
+    *different* driver raises :class:`OmniBackendError`; so does a call made
+    from inside a selection (a driver's probe or constructor). With ``export``
+    the choice is written to ``OMNI_BACKENDS_DEVICE`` /
+    ``OMNI_BACKENDS_SELECTION`` and the driver's vLLM platform variables, so
+    vLLM worker processes resolve the same driver.
     """
     global _selected
     if getattr(_selecting, "active", False):
-        raise OmniBackendError("omni_backends.select() was re-entered (a driver's probe or constructor called it)")
+        raise OmniBackendError(
+            "omni_backends.select() was re-entered (a driver's probe or constructor called it while a driver was "
+            "being selected); drivers must not select. Fix the driver."
+        )
     with _lock:
         if _selected is not None:
             if device is not None and device.strip().lower() != AUTO:
                 entries, _ = discover()
-                want = resolve_name(device, entries)
+                want = resolve_name(device, entries, source=flag_name)
                 if want != _selected.name:
                     raise OmniBackendError(
                         f"this process already selected driver {_selected.name!r} ({_selected.rule}); "
                         f"cannot switch to {want!r}. Start a new process to use another device."
                     )
             return _selected
-        _selecting.active = True
-        try:
+        with _selection_in_progress():
             sel = decide(device, flag_name=flag_name)
-            sel.backend = sel.driver_cls()  # type: ignore[misc]
-            if export:
-                export_selection(sel)
-            _selected = sel
-            return sel
-        finally:
-            _selecting.active = False
+            assert sel.driver_cls is not None
+            sel.backend = _instantiate(sel.name, sel.driver_cls)
+        if export:
+            export_selection(sel)
+        _selected = sel
+        return sel
 
 
 def export_selection(sel: Selection, env: dict[str, str] | None = None) -> dict[str, str]:
@@ -426,28 +562,81 @@ def _reset_for_tests() -> None:
         _selected = None
 
 
-def devices_report(device: str | None = None) -> dict[str, Any]:
-    """Every installed driver's state plus which would be selected and why (JSON-able)."""
+#: Top-level modules a report must never import (vendor stacks, and torch itself).
+HEAVY_MODULES = ("torch", "vllm", "vllm_ascend", "torch_npu", "intel_extension_for_pytorch", "triton")
+
+
+class _RefuseImports(importlib.abc.MetaPathFinder):
+    """Refuses *new* imports of ``HEAVY_MODULES`` in one thread (other threads are unaffected)."""
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+        self.refused: list[str] = []
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        if threading.get_ident() == self.thread and fullname.partition(".")[0] in HEAVY_MODULES:
+            self.refused.append(fullname)
+            raise ImportError(f"{fullname} is not imported while reporting", name=fullname)
+        return None
+
+
+def cheap_capabilities(cls: type[Backend]) -> tuple[dict[str, Any] | None, str | None]:
+    """``(cls().capabilities().to_json(), None)`` if that is cheap, else ``(None, why not)``.
+
+    Cheap means: the class is complete (not abstract), and constructing it and
+    asking for its capabilities imports none of :data:`HEAVY_MODULES` that is
+    not already imported (such imports are refused while it runs, in this
+    thread only) and calls no :func:`select`. Never raises.
+    """
+    if inspect.isabstract(cls):
+        return None, "driver class is incomplete (identity and probe only)"
+    guard = _RefuseImports()
+    sys.meta_path.insert(0, guard)
+    try:
+        with _selection_in_progress():
+            caps = cls().capabilities()
+        return caps.to_json(), None
+    except ImportError as exc:
+        if guard.refused:
+            return None, f"needs {guard.refused[0]} (not imported for a report)"
+        return None, f"ImportError: {exc}"
+    except Exception as exc:  # a driver's constructor is not cheap or is broken: report, do not fail
+        return None, f"{type(exc).__name__}: {exc}"
+    finally:
+        sys.meta_path.remove(guard)
+
+
+def devices_report(device: str | None = None, *, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Every installed driver's state plus which would be selected and why (JSON-able).
+
+    Discovers and probes once. Per driver: name, distribution, priority, probe
+    (state, reason, versions, fix, error), problem (load failure / duplicate /
+    incompatible), verification, identity, capabilities (when
+    :func:`cheap_capabilities` can get them, else ``capabilities_skipped``)
+    and the load traceback. ``selection`` is :meth:`Selection.to_json` without
+    the candidates (they are ``drivers``), or ``{"selected": None, "error": ...}``.
+    Never binds a driver and imports no vendor stack.
+    """
     entries, notes = discover()
     candidates = _candidates(entries)
-    out: dict[str, Any] = {
-        "interface_version": INTERFACE_VERSION,
-        "notes": notes,
-        "drivers": [],
-    }
+    out: dict[str, Any] = {"interface_version": INTERFACE_VERSION, "notes": notes, "drivers": []}
     for c in candidates:
         d = c.to_json()
         e = entries[c.name]
         if e.cls is not None:
             d["identity"] = e.cls.identity()
+            d["capabilities"], d["capabilities_skipped"] = cheap_capabilities(e.cls)
         if e.load_traceback:
             d["traceback"] = e.load_traceback
         out["drivers"].append(d)
     try:
-        sel = decide(device)
+        sel = _decide(entries, candidates, notes, device, os.environ if env is None else env, "--device")
         out["selection"] = sel.to_json()
+        del out["selection"]["candidates"]
     except OmniBackendError as exc:
         out["selection"] = {"selected": None, "error": f"{type(exc).__name__}: {exc}"}
+        if isinstance(exc, DriverLoadError) and exc.__cause__ is not None:
+            out["selection"]["traceback"] = "".join(traceback.format_exception(exc.__cause__))
     return out
 
 
@@ -481,11 +670,13 @@ __all__ = [
     "Selection",
     "current",
     "decide",
+    "cheap_capabilities",
     "devices_report",
     "discover",
     "export_selection",
     "get_backend",
     "resolve_name",
+    "safe_probe",
     "select",
     "verify_worker_selection",
 ]
