@@ -160,7 +160,8 @@ def _imported_omni_modules(module: Any) -> set[str]:
 
 
 def _resolve_uses(module: Any) -> dict[int, list[str]]:
-    """id(VendorSymbol) -> ``file:line`` of every ``NAME.resolve()`` in ``module``."""
+    """id(VendorSymbol) -> ``file:line`` of every ``NAME.resolve()`` (or other
+    attribute use, e.g. ``NAME.attr``) in ``module``."""
     try:
         path = inspect.getsourcefile(module) or ""
         tree = ast.parse(inspect.getsource(module))
@@ -170,7 +171,6 @@ def _resolve_uses(module: Any) -> dict[int, list[str]]:
     for node in ast.walk(tree):
         if (
             isinstance(node, ast.Attribute)
-            and node.attr == "resolve"
             and isinstance(node.value, ast.Name)
             and isinstance(getattr(module, node.value.id, None), VendorSymbol)
         ):
@@ -234,11 +234,13 @@ class SourceTree:
         self._cache: dict[str, str | None] = {}
         self.versions: dict[str, str] = {}
         if os.path.isdir(path):
+            # a package directory itself (site-packages/torch) keeps its name as the top level
+            base = os.path.basename(os.path.normpath(path)) + "/" if os.path.isfile(os.path.join(path, "__init__.py")) else ""
             for root, dirs, files in os.walk(path):
                 dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
                 for f in files:
                     full = os.path.join(root, f)
-                    rel = os.path.relpath(full, path).replace(os.sep, "/")
+                    rel = base + os.path.relpath(full, path).replace(os.sep, "/")
                     if f.endswith(".py") or f in ("METADATA", "PKG-INFO"):
                         self._files[rel] = (lambda p=full: open(p, encoding="utf-8", errors="replace").read())
         elif zipfile.is_zipfile(path):
@@ -265,15 +267,19 @@ class SourceTree:
                         break
                 if name and version:
                     self.versions.setdefault(name, version)
+        # top-level packages: a package directory whose parent is not a package
         self._roots: dict[str, str] = {}
         for rel in sorted(self._files, key=lambda r: (r.count("/"), r)):
             parts = rel.split("/")
+            if not rel.endswith(".py"):
+                continue
             if parts[-1] == "__init__.py" and len(parts) >= 2:
                 top, prefix = parts[-2], "/".join(parts[:-2])
-                self._roots.setdefault(top, prefix)
-            elif rel.endswith(".py") and len(parts) >= 1:
-                top = parts[-1][:-3]
-                self._roots.setdefault(top, "/".join(parts[:-1]))
+            else:
+                top, prefix = parts[-1][:-3], "/".join(parts[:-1])
+            if (prefix + "/__init__.py" if prefix else "__init__.py") in self._files:
+                continue  # a subpackage / submodule, not a top-level one
+            self._roots.setdefault(top, prefix)
 
     def has_top(self, top: str) -> bool:
         return top in self._roots

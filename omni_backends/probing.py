@@ -31,9 +31,9 @@ def versions_of(names: Iterable[str]) -> dict[str, str | None]:
 
 
 def _release_only(version: str) -> Version:
-    """``2.13.0+cpu`` -> ``2.13.0`` so local labels never fail a range check."""
-    v = Version(version)
-    return Version(v.base_version) if not v.pre and not v.dev else v
+    """``2.13.0+cpu`` -> ``2.13.0``: drop only the local label, so a local build never
+    fails a range check while pre/post/dev parts still count (``0.23.0.post1``)."""
+    return Version(Version(version).public)
 
 
 def version_mismatches(requirements: Mapping[str, str], versions: Mapping[str, str | None]) -> list[str]:
@@ -97,3 +97,9 @@ def pci_vendor_devices(vendor_id: str) -> list[str]:
         except OSError:
             continue
     return found
+
+
+def install_hint(requirements: Mapping[str, str], versions: Mapping[str, str | None]) -> str:
+    """``pip install '<dist><spec>' ...`` for every requirement ``versions`` does not meet ("" if none)."""
+    bad = [f"'{d}{s}'" for d, s in requirements.items() if version_mismatches({d: s}, versions)]
+    return f"pip install {' '.join(bad)}" if bad else ""

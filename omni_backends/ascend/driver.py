@@ -1,19 +1,143 @@
-"""Ascend NPU driver on vllm-ascend (``npu``, alias ``ascend``).
+"""Ascend NPU driver on vllm-ascend 0.23.0.post1 (``npu``, alias ``ascend``).
+
+What differs on Ascend, each delegated to the vendor symbol declared below:
+
+- forward context: ``vllm_ascend.ascend_forward_context.set_ascend_forward_context``
+  (vLLM's ``cudagraph_runtime_mode`` -> ``aclgraph_runtime_mode``,
+  ``is_profile`` -> ``in_profile_run``, ``model`` -> ``model_instance``;
+  ``slot_mapping``/``is_padding`` dropped, ``ubatch_slices`` refused);
+- graphs: ``vllm_ascend.compilation.acl_graph.ACLGraphWrapper``, the capture
+  context ``vllm_ascend.worker.model_runner_v1.graph_capture`` and, after a
+  FULL-graph replay, ``update_full_graph_params`` (ACL graphs freeze kernel
+  arguments; attention re-issues them with the live ``seq_lens``);
+- sampler: ``vllm_ascend.sample.sampler.AscendSampler``;
+- buffers: vLLM's ``CpuGpuBuffer`` pinned per ``NPUPlatform.is_pin_memory_available``;
+  host-to-device copies are *not* ordered with the next kernel
+  (``Capabilities.h2d_stream_ordered=False``), so :meth:`AscendBackend.copy_to_device`
+  copies blocking: the data is on the device and the pinned source may be
+  rewritten when it returns;
+- attention metadata: ``AscendCommonAttentionMetadata`` + ``AscendAttentionState``;
+- bases: vllm-ascend's V1 / V2 ``NPUModelRunner`` and ``NPUWorker``;
+- device ops: ``torch.accelerator`` once ``torch_npu`` registered the ``npu``
+  device (:class:`~omni_backends.torch_device.TorchAcceleratorOps`), graphs on
+  ``torch.npu.NPUGraph`` (``torch_npu.npu``); ``hccl``; ``ASCEND_RT_VISIBLE_DEVICES``.
 
 Probing never imports ``torch_npu`` unless an NPU device node exists and the
 CANN collective library is found: on a host without CANN, importing
 ``torch_npu`` raises ``OSError`` (missing ``libhccl.so``), and with torch's
 device-backend autoload even ``import torch`` fails while torch_npu is
 installed (``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` avoids that).
+
+Verified statically (``omni-backends check-drift --source <vllm-ascend wheel>``)
+and on simulated devices (``tests/simulated/``); never on an Ascend NPU.
 """
 
 from __future__ import annotations
 
 import os
-from typing import ClassVar
+import threading
+import weakref
+from typing import Any, Callable, ClassVar, ContextManager
 
-from omni_backends.backend import Backend, ProbeResult, ProbeState, Verification
-from omni_backends.probing import device_nodes, find_shared_library, version_mismatches, versions_of
+from omni_backends.backend import Backend, Capabilities, ProbeResult, ProbeState, Verification
+from omni_backends.binding import VendorSymbol
+from omni_backends.errors import OmniBackendError
+from omni_backends.probing import device_nodes, find_shared_library, install_hint, version_mismatches, versions_of
+from omni_backends.torch_device import TorchAcceleratorOps
+from omni_backends.vllm_upstream import CPU_GPU_BUFFER, CUDAGRAPH_MODE, VllmUpstreamBindings
+
+# ------------------------------------------------------------ vendor symbols
+# Checked against vllm-ascend 0.23.0.post1 and torch-npu 2.10.0.post4 (docs/drift.md).
+SET_ASCEND_FORWARD_CONTEXT = VendorSymbol(
+    "vllm_ascend.ascend_forward_context",
+    "set_ascend_forward_context",
+    params=(
+        "attn_metadata",
+        "vllm_config",
+        "num_tokens",
+        "num_tokens_across_dp",
+        "in_profile_run",
+        "num_actual_tokens",
+        "aclgraph_runtime_mode",
+        "batch_descriptor",
+        "model_instance",
+        "skip_compiled",
+    ),
+    required=("attn_metadata", "vllm_config"),
+    defaults=(("num_tokens", "0"), ("aclgraph_runtime_mode", "CUDAGraphMode.NONE")),
+    dist="vllm-ascend",
+)
+ACL_GRAPH_WRAPPER = VendorSymbol(
+    "vllm_ascend.compilation.acl_graph",
+    "ACLGraphWrapper",
+    params=("runnable", "vllm_config", "runtime_mode"),
+    required=("runnable", "vllm_config", "runtime_mode"),
+    dist="vllm-ascend",
+    kind="class",
+)
+ACL_GRAPH_ENTRIES = VendorSymbol(
+    "vllm_ascend.compilation.acl_graph", "ACLGraphWrapper.concrete_aclgraph_entries", dist="vllm-ascend", kind="attribute"
+)
+UPDATE_FULL_GRAPH_PARAMS = VendorSymbol(
+    "vllm_ascend.compilation.acl_graph",
+    "update_full_graph_params",
+    params=("attn_backend", "update_stream", "forward_context", "num_tokens", "vllm_config", "speculative_config"),
+    required=("attn_backend", "update_stream", "forward_context", "num_tokens", "vllm_config"),
+    dist="vllm-ascend",
+)
+ACL_GRAPH_CAPTURE = VendorSymbol(
+    "vllm_ascend.worker.model_runner_v1", "graph_capture", params=("device",), required=("device",), dist="vllm-ascend"
+)
+ASCEND_SAMPLER = VendorSymbol(
+    "vllm_ascend.sample.sampler", "AscendSampler", params=("logprobs_mode",), required=(), dist="vllm-ascend", kind="class"
+)
+NPU_PIN_MEMORY = VendorSymbol(
+    "vllm_ascend.platform", "NPUPlatform.is_pin_memory_available", required=(), dist="vllm-ascend"
+)
+ASCEND_COMMON_ATTN_METADATA = VendorSymbol(
+    "vllm_ascend.attention.utils", "AscendCommonAttentionMetadata", dist="vllm-ascend", kind="class"
+)
+ASCEND_ATTENTION_STATE = VendorSymbol(
+    "vllm_ascend.attention.attention_v1", "AscendAttentionState", dist="vllm-ascend", kind="class"
+)
+BUILD_ATTN_STATE = VendorSymbol(
+    "vllm_ascend.worker.v2.attn_utils",
+    "build_attn_state",
+    params=("vllm_config", "seq_lens_np", "num_reqs", "num_scheduled_tokens", "num_valid_tokens"),
+    required=("vllm_config", "seq_lens_np", "num_reqs", "num_scheduled_tokens", "num_valid_tokens"),
+    dist="vllm-ascend",
+)
+NPU_MODEL_RUNNER_V1 = VendorSymbol(
+    "vllm_ascend.worker.model_runner_v1",
+    "NPUModelRunner",
+    params=("vllm_config", "device"),
+    required=("vllm_config", "device"),
+    dist="vllm-ascend",
+    kind="class",
+)
+NPU_MODEL_RUNNER_V2 = VendorSymbol(
+    "vllm_ascend.worker.v2.model_runner",
+    "NPUModelRunner",
+    params=("vllm_config", "device"),
+    required=("vllm_config", "device"),
+    dist="vllm-ascend",
+    kind="class",
+)
+NPU_WORKER = VendorSymbol(
+    "vllm_ascend.worker.worker",
+    "NPUWorker",
+    params=("vllm_config", "local_rank", "rank", "distributed_init_method", "is_driver_worker"),
+    required=("vllm_config", "local_rank", "rank", "distributed_init_method"),
+    dist="vllm-ascend",
+    kind="class",
+)
+TORCH_NPU = VendorSymbol("torch_npu", "", dist="torch-npu", kind="module")
+NPU_GRAPH = VendorSymbol("torch_npu.npu", "NPUGraph", required=(), dist="torch-npu", kind="class")
+NPU_GRAPH_CAPTURE = VendorSymbol(
+    "torch_npu.npu", "graph", params=("npu_graph", "pool", "stream"), required=("npu_graph",), dist="torch-npu", kind="class"
+)
+NPU_GRAPH_POOL_HANDLE = VendorSymbol("torch_npu.npu", "graph_pool_handle", required=(), dist="torch-npu")
+NPU_STREAM = VendorSymbol("torch_npu.npu", "Stream", dist="torch-npu", kind="class")
 
 
 def cann_dirs() -> list[str]:
@@ -22,21 +146,99 @@ def cann_dirs() -> list[str]:
     return [r for r in roots if r and os.path.isdir(r)]
 
 
-class AscendBackend(Backend):
+def ascend_forward_context_kwargs(
+    attn_metadata: Any,
+    vllm_config: Any,
+    *,
+    num_tokens: int | None = None,
+    num_tokens_across_dp: Any = None,
+    cudagraph_runtime_mode: Any = None,
+    batch_descriptor: Any = None,
+    ubatch_slices: Any = None,
+    slot_mapping: Any = None,
+    skip_compiled: bool = False,
+    is_padding: Any = None,
+    num_actual_tokens: int | None = None,
+    model: Any = None,
+    is_profile: bool = False,
+) -> dict[str, Any]:
+    """Map vLLM's ``set_forward_context`` arguments onto ``set_ascend_forward_context``'s.
+
+    Renames ``cudagraph_runtime_mode`` -> ``aclgraph_runtime_mode``,
+    ``is_profile`` -> ``in_profile_run``, ``model`` -> ``model_instance``;
+    passes ``num_actual_tokens``; drops ``slot_mapping`` and ``is_padding``
+    (vllm-ascend's attention reads the slot mapping from its own metadata and
+    its wrapper does not forward either). ``None`` for ``num_tokens`` /
+    ``cudagraph_runtime_mode`` leaves the vendor default (``0`` /
+    ``CUDAGraphMode.NONE``).
+
+    Raises :class:`OmniBackendError` for ``ubatch_slices`` (vllm-ascend's
+    forward context has no micro-batching: turn off dual-batch overlap).
+    """
+    if ubatch_slices is not None:
+        raise OmniBackendError(
+            "vllm-ascend's set_ascend_forward_context takes no ubatch_slices (no micro-batching on Ascend); "
+            "disable dual-batch overlap (--enable-dbo) for the npu driver"
+        )
+    kwargs: dict[str, Any] = {
+        "attn_metadata": attn_metadata,
+        "vllm_config": vllm_config,
+        "num_tokens_across_dp": num_tokens_across_dp,
+        "in_profile_run": bool(is_profile),
+        "num_actual_tokens": num_actual_tokens,
+        "batch_descriptor": batch_descriptor,
+        "model_instance": model,
+        "skip_compiled": skip_compiled,
+    }
+    if num_tokens is not None:
+        kwargs["num_tokens"] = num_tokens
+    if cudagraph_runtime_mode is not None:
+        kwargs["aclgraph_runtime_mode"] = cudagraph_runtime_mode
+    return kwargs
+
+
+def attention_backend_of(forward_context: Any) -> Any:
+    """The attention backend class of the first attention layer in the forward
+    context (``ForwardContext.no_compile_layers[name].get_attn_backend()``),
+    or ``None`` when the model has no attention layer."""
+    for layer in getattr(forward_context, "no_compile_layers", {}).values():
+        get = getattr(layer, "get_attn_backend", None)
+        if callable(get):
+            return get()
+    return None
+
+
+class AscendBackend(TorchAcceleratorOps, Backend):
+    """Ascend NPU driver (see the module docstring for what each group delegates to)."""
+
     name: ClassVar[str] = "npu"
     aliases: ClassVar[tuple[str, ...]] = ("ascend",)
     device_type: ClassVar[str] = "npu"
     dist_backend: ClassVar[str] = "hccl"
     visible_devices_env: ClassVar[str | None] = "ASCEND_RT_VISIBLE_DEVICES"
     priority: ClassVar[int] = 90
+    #: vllm-ascend 0.23.0.post1 pins torch 2.10.0 + torch-npu 2.10.0.post4 and
+    #: checks for vLLM 0.23.0 (``vllm_version_is("0.23.0")``).
     vendor_requirements: ClassVar[dict[str, str]] = {
         "vllm-ascend": ">=0.23,<0.24",
         "torch-npu": ">=2.10,<2.11",
         "torch": ">=2.10,<2.11",
+        "vllm": ">=0.23,<0.24",
     }
     verification = (Verification.STATIC, Verification.SIMULATED)
     vllm_device_type: ClassVar[str] = "npu"
 
+    def __init__(self, *, load_vendor: bool = True) -> None:
+        """``load_vendor`` imports ``torch_npu`` so ``torch.accelerator`` and
+        ``torch.npu`` know the NPU (needed when ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``).
+        Tests of the pure mapping logic pass ``load_vendor=False``."""
+        self._update_stream: Any = None
+        self._wrappers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._lock = threading.Lock()
+        if load_vendor:
+            TORCH_NPU.resolve()
+
+    # ---------------------------------------------------------------- probe
     @classmethod
     def probe(cls) -> ProbeResult:
         try:
@@ -51,6 +253,10 @@ class AscendBackend(Backend):
                     fix="install Huawei CANN, then pip install 'omni-backends[ascend]'",
                     device_count=len(nodes),
                 )
+            problems = version_mismatches(cls.vendor_requirements, versions)
+            if problems:
+                return ProbeResult(ProbeState.INSTALLED, "; ".join(problems), versions,
+                                   fix=install_hint(cls.vendor_requirements, versions), device_count=len(nodes))
             hccl = find_shared_library("hccl", cann_dirs())
             if hccl is None:
                 return ProbeResult(
@@ -61,25 +267,163 @@ class AscendBackend(Backend):
                     fix="install CANN and `source /usr/local/Ascend/ascend-toolkit/set_env.sh`, or set "
                     "TORCH_DEVICE_BACKEND_AUTOLOAD=0 to keep torch importable",
                 )
-            problems = version_mismatches(cls.vendor_requirements, versions)
-            if problems:
-                return ProbeResult(ProbeState.IMPORTABLE, "; ".join(problems), versions,
-                                   fix="pip install 'omni-backends[ascend]'")
             if not nodes:
                 return ProbeResult(ProbeState.IMPORTABLE, "CANN and torch-npu found but no /dev/davinci* device",
                                    versions, fix="run on an Ascend host with the NPU driver loaded")
             try:
-                import torch_npu  # noqa: F401  (the selected vendor stack; only reached on an NPU host)
-                import torch
-
-                count = torch.npu.device_count()
-            except (OSError, RuntimeError, ImportError) as exc:
+                npu = TORCH_NPU.resolve().npu
+                count = int(npu.device_count())
+            except (OSError, RuntimeError, ImportError, AttributeError) as exc:
                 return ProbeResult(ProbeState.INSTALLED, f"importing torch_npu failed: {type(exc).__name__}: {exc}",
                                    versions, fix="check the CANN installation matches torch-npu", error=repr(exc))
+            visible = os.environ.get(cls.visible_devices_env or "")
             if count == 0:
-                return ProbeResult(ProbeState.IMPORTABLE, "torch_npu imports but reports 0 NPUs", versions,
-                                   fix="check ASCEND_RT_VISIBLE_DEVICES and the NPU driver")
+                return ProbeResult(ProbeState.IMPORTABLE,
+                                   f"torch_npu imports but reports 0 NPUs (ASCEND_RT_VISIBLE_DEVICES={visible!r})",
+                                   versions, fix="check ASCEND_RT_VISIBLE_DEVICES and the NPU driver")
             return ProbeResult(ProbeState.USABLE, f"{count} Ascend NPU(s); vllm-ascend {versions['vllm-ascend']}",
                                versions, device_count=count)
         except Exception as exc:  # a probe never raises
             return ProbeResult(ProbeState.NOT_INSTALLED, f"probe failed: {exc}", {}, error=repr(exc))
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            static_graph_modes=("PIECEWISE", "FULL", "FULL_DECODE_ONLY"),
+            h2d_stream_ordered=False,
+            d2h_stream_ordered=True,
+            pinned_memory=True,
+            v1_runner=True,
+            v2_runner=True,
+            talker_mtp_graph=True,
+            device_sync_after_replay_safe=True,
+        )
+
+    # ------------------------------------------------- torch graph primitive
+    def new_graph(self) -> Any:
+        """``torch.npu.NPUGraph()`` (``torch_npu.npu.NPUGraph``)."""
+        return NPU_GRAPH.resolve()()
+
+    def graph_capture(self, graph: Any, pool: Any = None, stream: Any = None) -> ContextManager[Any]:
+        """``torch.npu.graph(graph, pool=pool, stream=stream)``."""
+        return NPU_GRAPH_CAPTURE.resolve()(graph, pool=pool, stream=stream)
+
+    def graph_pool_handle(self) -> Any:
+        """``torch.npu.graph_pool_handle()``."""
+        return NPU_GRAPH_POOL_HANDLE.resolve()()
+
+    # ------------------------------------------------------ forward context
+    def forward_context(self, attn_metadata: Any, vllm_config: Any, **kwargs: Any) -> ContextManager[None]:
+        """``set_ascend_forward_context(**ascend_forward_context_kwargs(...))``; see
+        :func:`ascend_forward_context_kwargs` for the argument mapping and errors."""
+        return SET_ASCEND_FORWARD_CONTEXT.resolve()(**ascend_forward_context_kwargs(attn_metadata, vllm_config, **kwargs))
+
+    # ------------------------------------------------------- graph wrapping
+    def wrap_graph(self, runnable: Callable[..., Any], vllm_config: Any, runtime_mode: Any) -> Callable[..., Any]:
+        """``ACLGraphWrapper(runnable, vllm_config, runtime_mode=runtime_mode)``;
+        ``runnable`` itself when ``runtime_mode`` is ``None``/``CUDAGraphMode.NONE``
+        (the vendor wrapper refuses NONE) or static graphs are off."""
+        if not self.capabilities().static_graphs or runtime_mode is None or getattr(runtime_mode, "name", "") == "NONE":
+            return runnable
+        wrapper = ACL_GRAPH_WRAPPER.resolve()(runnable, vllm_config, runtime_mode=runtime_mode)
+        self._wrappers.add(wrapper)
+        return wrapper
+
+    def graph_capture_context(self, device: Any) -> ContextManager[Any]:
+        """vllm-ascend's ``graph_capture(device)``: a side ``torch.npu.Stream`` made
+        current after it waited for the current stream."""
+        return ACL_GRAPH_CAPTURE.resolve()(device=device)
+
+    def update_stream(self) -> Any:
+        """The side stream the FULL-graph parameter updates run on (one per
+        driver, created on first use like ``NPUModelRunner.update_stream``)."""
+        with self._lock:
+            if self._update_stream is None:
+                self._update_stream = NPU_STREAM.resolve()()
+            return self._update_stream
+
+    def after_graph_replay(
+        self, forward_context: Any, num_tokens: int, *, attn_backend: Any = None, vllm_config: Any = None
+    ) -> None:
+        """After a FULL ACL-graph replay, re-issue the frozen attention kernel
+        arguments: ``update_full_graph_params(attn_backend, update_stream,
+        forward_context, num_tokens, vllm_config, speculative_config)``.
+
+        Runs only when ``forward_context.cudagraph_runtime_mode`` is
+        ``CUDAGraphMode.FULL`` and the context is not capturing (vllm-ascend
+        sets ``forward_context.capturing`` during capture). ``attn_backend``
+        defaults to the first attention layer's backend in the forward context,
+        ``vllm_config`` to ``vllm.config.get_current_vllm_config()``."""
+        if forward_context is None or getattr(forward_context, "capturing", False):
+            return
+        if forward_context.cudagraph_runtime_mode != CUDAGRAPH_MODE.resolve().FULL:
+            return
+        attn_backend = attn_backend if attn_backend is not None else attention_backend_of(forward_context)
+        if attn_backend is None:
+            return  # nothing was frozen: no attention layer in this graph
+        if vllm_config is None:
+            from vllm.config import get_current_vllm_config
+
+            vllm_config = get_current_vllm_config()
+        UPDATE_FULL_GRAPH_PARAMS.resolve()(
+            attn_backend,
+            self.update_stream(),
+            forward_context,
+            num_tokens,
+            vllm_config,
+            speculative_config=getattr(vllm_config, "speculative_config", None),
+        )
+
+    def clear_graphs(self) -> None:
+        """Drop the graphs captured by every ``ACLGraphWrapper`` this driver made
+        (vllm-ascend 0.23 has no ``clear_all_graphs``; its per-wrapper cache is
+        ``ACLGraphWrapper.concrete_aclgraph_entries``)."""
+        attr = ACL_GRAPH_ENTRIES.attr.rpartition(".")[2]
+        for wrapper in list(self._wrappers):
+            getattr(wrapper, attr).clear()
+
+    # ---------------------------------------------------------------- sampler
+    def make_sampler(self, logprobs_mode: str = "raw_logprobs") -> Any:
+        """``vllm_ascend.sample.sampler.AscendSampler(logprobs_mode=...)``."""
+        return ASCEND_SAMPLER.resolve()(logprobs_mode=logprobs_mode)
+
+    # ---------------------------------------------------------------- buffers
+    def make_buffer(self, *size: int, dtype: Any, numpy: bool = True) -> Any:
+        """``vllm.v1.utils.CpuGpuBuffer`` on the NPU, pinned iff
+        ``NPUPlatform.is_pin_memory_available()`` (the vendor's rule)."""
+        return CPU_GPU_BUFFER.resolve()(
+            *size, dtype=dtype, device=self.device(), pin_memory=bool(NPU_PIN_MEMORY.resolve()()), with_numpy=numpy
+        )
+
+    def copy_to_device(self, buffer: Any, n: int | None = None) -> Any:
+        """Blocking copy of ``buffer.cpu[:n]`` into ``buffer.gpu[:n]`` (H2D is not
+        ordered with the next kernel on Ascend): on return the device slice is
+        complete and ``buffer.cpu`` may be rewritten. Returns the device slice."""
+        return VllmUpstreamBindings.copy_to_device(self, buffer, n)  # type: ignore[arg-type]
+
+    # ----------------------------------------------------- attention metadata
+    def common_attn_metadata_cls(self) -> type:
+        """``vllm_ascend.attention.utils.AscendCommonAttentionMetadata``."""
+        return ASCEND_COMMON_ATTN_METADATA.resolve()
+
+    def attn_state_cls(self) -> type:
+        """``vllm_ascend.attention.attention_v1.AscendAttentionState`` (PrefillNoCache,
+        PrefillCacheHit, DecodeOnly, ChunkedPrefill, SpecDecoding)."""
+        return ASCEND_ATTENTION_STATE.resolve()
+
+    def build_attn_state(self, vllm_config: Any, seq_lens_np: Any, num_reqs: int, num_scheduled_tokens: Any,
+                         num_valid_tokens: Any) -> Any:
+        """The ``AscendAttentionState`` of a batch
+        (``vllm_ascend.worker.v2.attn_utils.build_attn_state``): ``seq_lens_np``
+        int ``[>= num_reqs]``, ``num_scheduled_tokens`` / ``num_valid_tokens``
+        int ``[num_reqs]``."""
+        return BUILD_ATTN_STATE.resolve()(vllm_config, seq_lens_np, num_reqs, num_scheduled_tokens, num_valid_tokens)
+
+    # ------------------------------------------------------------ bases
+    def model_runner_base(self, v2: bool = False) -> type:
+        """vllm-ascend's ``worker.model_runner_v1.NPUModelRunner`` (V1, vllm-ascend's
+        default) or ``worker.v2.model_runner.NPUModelRunner`` (V2)."""
+        return NPU_MODEL_RUNNER_V2.resolve() if v2 else NPU_MODEL_RUNNER_V1.resolve()
+
+    def worker_base(self) -> type:
+        """``vllm_ascend.worker.worker.NPUWorker`` (initialises ``hccl``)."""
+        return NPU_WORKER.resolve()

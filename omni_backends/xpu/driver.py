@@ -1,18 +1,116 @@
-"""Intel XPU driver on vLLM's XPU platform, native ``torch.xpu``.
+"""Intel XPU driver on vLLM's XPU platform (vLLM 0.33), native ``torch.xpu``.
 
-Probing reads PCI vendor ids in sysfs (Intel = 0x8086) and ``/dev/dri``
-render nodes; it imports neither torch nor IPEX.
+What differs on XPU, each delegated to the vendor symbol declared below:
+
+- forward context, sampler, ``CpuGpuBuffer`` (pinned), ``CommonAttentionMetadata``:
+  upstream vLLM (:class:`~omni_backends.vllm_upstream.VllmUpstreamBindings`);
+- graphs: vLLM's ``CUDAGraphWrapper`` over ``torch.xpu.XPUGraph``, only when
+  the installed torch supports XPU graphs (vLLM's ``supports_xpu_graph()``,
+  torch >= 2.11, and ``torch.xpu.XPUGraph`` present); otherwise
+  ``capabilities().static_graph_modes == ()`` and :meth:`XpuBackend.wrap_graph`
+  returns the runnable (eager). After a replay the driver synchronises the
+  *current stream*, never the device (``device_sync_after_replay_safe=False``:
+  a device-wide synchronize right after replay has crashed on XPU stacks);
+- device ops: ``torch.accelerator`` / ``torch.Stream`` / ``torch.Event`` and
+  ``torch.xpu`` (:class:`~omni_backends.torch_device.TorchAcceleratorOps`).
+  This driver never rebinds ``torch.cuda``. Note: vLLM's own
+  ``XPUModelRunner.__init__`` (the base this driver hands out) does rebind
+  ``torch.cuda.Stream/Event/graph/CUDAGraph/...`` to ``torch.xpu`` and never
+  restores them; that is vendor code, reported in docs/vendor-drivers.md;
+- device-to-host copies are not trusted to be ordered
+  (``d2h_stream_ordered=False``): :meth:`to_host` copies blocking;
+- distributed: ``xccl`` (torch's built-in), falling back to ``ccl`` when
+  only the oneCCL bindings (``oneccl_bindings_for_pytorch``) provide it;
+  ``ZE_AFFINITY_MASK`` restricts visible devices;
+- Intel Extension for PyTorch is optional: imported only when installed *and*
+  built for the running torch's major.minor (2.8 is its last release).
+
+Verified statically (``omni-backends check-drift --source <vllm 0.33 wheel>``)
+and on simulated devices (``tests/simulated/``); never on an Intel GPU.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+import os
+from typing import Any, ClassVar, ContextManager
 
-from omni_backends.backend import Backend, ProbeResult, ProbeState, Verification
-from omni_backends.probing import device_nodes, dist_version, pci_vendor_devices, version_mismatches, versions_of
+from omni_backends.backend import Backend, Capabilities, ProbeResult, ProbeState, Verification
+from omni_backends.binding import VendorSymbol
+from omni_backends.errors import OmniBackendError
+from omni_backends.probing import (
+    device_nodes,
+    dist_version,
+    install_hint,
+    module_findable,
+    pci_vendor_devices,
+    version_mismatches,
+    versions_of,
+)
+from omni_backends.torch_device import TorchAcceleratorOps
+from omni_backends.vllm_upstream import VllmUpstreamBindings
+
+# ------------------------------------------------------------ vendor symbols
+XPU_MODEL_RUNNER = VendorSymbol(
+    "vllm.v1.worker.xpu_model_runner",
+    "XPUModelRunner",
+    params=("vllm_config", "device"),
+    required=("vllm_config", "device"),
+    kind="class",
+)
+XPU_MODEL_RUNNER_V2 = VendorSymbol(
+    "vllm.v1.worker.xpu_model_runner",
+    "XPUModelRunnerV2",
+    params=("vllm_config", "device"),
+    required=("vllm_config", "device"),
+    kind="class",
+)
+XPU_WORKER = VendorSymbol(
+    "vllm.v1.worker.xpu_worker",
+    "XPUWorker",
+    params=("vllm_config", "local_rank", "rank", "distributed_init_method", "is_driver_worker"),
+    required=("vllm_config", "local_rank", "rank", "distributed_init_method"),
+    kind="class",
+)
+SUPPORTS_XPU_GRAPH = VendorSymbol("vllm.utils.torch_utils", "supports_xpu_graph", required=())
+XPU_GRAPH = VendorSymbol("torch.xpu", "XPUGraph", dist="torch", kind="class")
+XPU_GRAPH_CAPTURE = VendorSymbol(
+    "torch.xpu", "graph", params=("xpu_graph", "pool", "stream"), required=("xpu_graph",), dist="torch", kind="class"
+)
+XPU_GRAPH_POOL_HANDLE = VendorSymbol("torch.xpu", "graph_pool_handle", required=(), dist="torch")
+XCCL_AVAILABLE = VendorSymbol("torch.distributed", "is_xccl_available", required=(), dist="torch")
+ONECCL_BINDINGS = VendorSymbol("oneccl_bindings_for_pytorch", "", dist="oneccl_bind_pt", kind="module")
+IPEX = VendorSymbol("intel_extension_for_pytorch", "", dist="intel-extension-for-pytorch", kind="module")
 
 
-class XpuBackend(Backend):
+def xpu_graphs_supported() -> bool:
+    """True when this torch can capture XPU graphs: vLLM's ``supports_xpu_graph()``
+    (torch >= 2.11) and ``torch.xpu.XPUGraph`` exists."""
+    import torch
+
+    return bool(SUPPORTS_XPU_GRAPH.resolve()()) and hasattr(getattr(torch, "xpu", None), "XPUGraph")
+
+
+def ipex_status(versions: dict[str, str | None] | None = None) -> tuple[bool, str]:
+    """(usable, why) for Intel Extension for PyTorch: usable only when installed
+    and built for the installed torch's major.minor. Reads metadata only."""
+    from packaging.version import InvalidVersion, Version
+
+    ipex = (versions or {}).get("intel-extension-for-pytorch") or dist_version("intel-extension-for-pytorch")
+    torch_v = (versions or {}).get("torch") or dist_version("torch")
+    if ipex is None:
+        return False, "intel-extension-for-pytorch not installed (optional)"
+    try:
+        match = torch_v is not None and Version(ipex).release[:2] == Version(torch_v).release[:2]
+    except InvalidVersion:
+        match = False
+    if not match:
+        return False, f"intel-extension-for-pytorch {ipex} is built for torch {ipex.rsplit('.', 1)[0]}, not torch {torch_v}; unused"
+    return True, f"intel-extension-for-pytorch {ipex} matches torch {torch_v}"
+
+
+class XpuBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
+    """Intel XPU driver (see the module docstring for what each group delegates to)."""
+
     name: ClassVar[str] = "xpu"
     device_type: ClassVar[str] = "xpu"
     dist_backend: ClassVar[str] = "xccl"
@@ -22,6 +120,14 @@ class XpuBackend(Backend):
     verification = (Verification.STATIC, Verification.SIMULATED)
     vllm_device_type: ClassVar[str] = "xpu"
 
+    def __init__(self, *, load_vendor: bool = True) -> None:
+        """``load_vendor`` imports IPEX when :func:`ipex_status` says it matches
+        torch; tests of pure logic pass ``load_vendor=False``."""
+        self.ipex: Any = None
+        if load_vendor and ipex_status()[0]:
+            self.ipex = IPEX.resolve()
+
+    # ---------------------------------------------------------------- probe
     @classmethod
     def probe(cls) -> ProbeResult:
         try:
@@ -40,13 +146,86 @@ class XpuBackend(Backend):
                 )
             problems = version_mismatches(cls.vendor_requirements, versions)
             if problems:
-                return ProbeResult(ProbeState.IMPORTABLE, "; ".join(problems), versions,
-                                   fix="pip install 'omni-backends[xpu]'", device_count=count)
+                return ProbeResult(ProbeState.INSTALLED, "; ".join(problems), versions,
+                                   fix=install_hint(cls.vendor_requirements, versions), device_count=count)
             if count == 0:
                 return ProbeResult(ProbeState.IMPORTABLE,
                                    "vLLM is installed but no Intel GPU (PCI vendor 0x8086 with a /dev/dri render node)",
                                    versions, fix="run on a machine with an Intel GPU and the Level Zero driver")
-            return ProbeResult(ProbeState.USABLE, f"{count} Intel GPU(s); vLLM {versions['vllm']}", versions,
+            mask = os.environ.get(cls.visible_devices_env or "")
+            if mask is not None and mask.strip() == "":
+                return ProbeResult(ProbeState.IMPORTABLE, "ZE_AFFINITY_MASK is set but empty: it hides every GPU",
+                                   versions, fix="unset ZE_AFFINITY_MASK or list device indices (e.g. 0,1)")
+            _ok, ipex = ipex_status(versions)
+            return ProbeResult(ProbeState.USABLE, f"{count} Intel GPU(s); vLLM {versions['vllm']}; {ipex}", versions,
                                device_count=count)
         except Exception as exc:  # a probe never raises
             return ProbeResult(ProbeState.NOT_INSTALLED, f"probe failed: {exc}", {}, error=repr(exc))
+
+    def capabilities(self) -> Capabilities:
+        graphs = xpu_graphs_supported()
+        return Capabilities(
+            static_graph_modes=("PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE") if graphs else (),
+            h2d_stream_ordered=True,
+            d2h_stream_ordered=False,
+            pinned_memory=True,
+            v1_runner=True,
+            v2_runner=True,
+            talker_mtp_graph=graphs,
+            device_sync_after_replay_safe=False,
+        )
+
+    # ------------------------------------------------- torch graph primitive
+    def _require_graphs(self) -> None:
+        if not self.capabilities().static_graphs:
+            raise NotImplementedError(
+                "this torch cannot capture XPU graphs (needs torch >= 2.11 with torch.xpu.XPUGraph); the xpu driver "
+                "runs eager. Upgrade torch for graph mode."
+            )
+
+    def new_graph(self) -> Any:
+        """``torch.xpu.XPUGraph()``; ``NotImplementedError`` without XPU graph support."""
+        self._require_graphs()
+        return XPU_GRAPH.resolve()()
+
+    def graph_capture(self, graph: Any, pool: Any = None, stream: Any = None) -> ContextManager[Any]:
+        """``torch.xpu.graph(graph, pool=pool, stream=stream)``."""
+        self._require_graphs()
+        return XPU_GRAPH_CAPTURE.resolve()(graph, pool=pool, stream=stream)
+
+    def graph_pool_handle(self) -> Any:
+        """``torch.xpu.graph_pool_handle()``."""
+        self._require_graphs()
+        return XPU_GRAPH_POOL_HANDLE.resolve()()
+
+    # ------------------------------------------------------- graph wrapping
+    # wrap_graph: VllmUpstreamBindings.wrap_graph -- vLLM's CUDAGraphWrapper when
+    # capabilities().static_graphs (XPU graphs supported), the runnable otherwise.
+
+    def after_graph_replay(self, forward_context: Any, num_tokens: int) -> None:
+        """Synchronise the current stream (not the device) after a replay."""
+        self.current_stream().synchronize()
+
+    # ------------------------------------------------------------ distributed
+    def distributed_backend(self) -> str:
+        """``"xccl"`` when torch has it (``torch.distributed.is_xccl_available()``),
+        else ``"ccl"`` when ``oneccl_bindings_for_pytorch`` is installed (importing
+        it registers ``ccl``). Raises :class:`OmniBackendError` when neither is."""
+        if XCCL_AVAILABLE.resolve()():
+            return "xccl"
+        if module_findable(ONECCL_BINDINGS.module):
+            ONECCL_BINDINGS.resolve()
+            return "ccl"
+        raise OmniBackendError(
+            "no XPU collective backend: this torch has no xccl and oneccl_bindings_for_pytorch is not installed. "
+            "Install a torch built with XCCL (torch >= 2.8 XPU wheels) or `pip install oneccl_bind_pt`."
+        )
+
+    # ------------------------------------------------------------ bases
+    def model_runner_base(self, v2: bool = False) -> type:
+        """``vllm.v1.worker.xpu_model_runner.XPUModelRunnerV2`` (V2) or ``XPUModelRunner`` (V1)."""
+        return XPU_MODEL_RUNNER_V2.resolve() if v2 else XPU_MODEL_RUNNER.resolve()
+
+    def worker_base(self) -> type:
+        """``vllm.v1.worker.xpu_worker.XPUWorker``."""
+        return XPU_WORKER.resolve()
