@@ -35,15 +35,13 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
+from core.kinds import AR, GENERATION, KINDS
 from core.outputs import OmniModelRunnerOutput, OmniOutput
 from core.payloads import EXTRA_ARGS_KEY, PayloadStore, unpack
 from omni_backends.backend import Backend
 
 log = logging.getLogger(__name__)
 
-AR = "ar"
-GENERATION = "generation"
-KINDS = (AR, GENERATION)
 
 
 @dataclasses.dataclass
@@ -150,6 +148,7 @@ class OmniHooks:
         self.payloads.free(req_ids)
         for r in req_ids:
             self._step_outputs.pop(r, None)
+            self.mtp_calls.pop(r, None)
 
     # ------------------------------------------------ prepare_prefill_embeds
     def needs_embeds(self, batch: BatchView) -> bool:

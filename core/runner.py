@@ -24,7 +24,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from core.hooks import AR, KINDS, BatchView, OmniHooks
+from core.hooks import BatchView, OmniHooks
+from core.kinds import AR, KINDS
 from omni_backends.backend import Backend
 from omni_backends.errors import OmniBackendError
 from omni_backends.registry import get_backend

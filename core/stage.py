@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.hooks import AR, GENERATION, KINDS
+from core.kinds import AR, GENERATION, KINDS
 from omni_backends.registry import Selection, select
 
 WORKER_CLS = {AR: "core.worker.OmniARWorker", GENERATION: "core.worker.OmniGenerationWorker"}

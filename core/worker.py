@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from core.hooks import AR, GENERATION
+from core.kinds import AR, GENERATION
 from core.runner import build_runner_class
 from omni_backends.registry import verify_worker_selection
 

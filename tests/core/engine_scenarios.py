@@ -45,6 +45,38 @@ def collect(outputs):
     return res
 
 
+def payload_lifecycle(talker: str) -> dict:
+    """Talker requests with payloads: one finishes, one is aborted mid-way."""
+    import torch
+    from vllm import SamplingParams
+
+    from core.payloads import EXTRA_ARGS_KEY, pack
+    from core.stage import make_engine
+
+    llm = make_engine(talker, device="cpu", skip_tokenizer_init=True, **ENGINE_KW)
+    eng = llm.llm_engine
+    g = torch.Generator().manual_seed(0)
+    ids = {"done": "talk-done", "aborted": "talk-aborted"}
+    for name, n_tokens in (("done", 3), ("aborted", 50)):
+        payload = pack({"thinker_hidden": torch.randn(6, 128, generator=g), "voice": 1})
+        params = SamplingParams(max_tokens=n_tokens, temperature=0.0, ignore_eos=True,
+                                extra_args={EXTRA_ARGS_KEY: payload}, detokenize=False)
+        eng.add_request(ids[name], {"prompt_token_ids": [0] * 6}, params)
+    eng.step()
+    during = llm.collective_rpc("omni_state")
+    for _ in range(4):
+        eng.step()
+    eng.abort_request([ids["aborted"]])
+    while eng.has_unfinished_requests():
+        eng.step()
+    # One more request: its first step carries the previous finished/aborted ids to the worker.
+    eng.add_request("talk-next", {"prompt_token_ids": [0] * 4},
+                    SamplingParams(max_tokens=1, extra_args={EXTRA_ARGS_KEY: pack({"thinker_hidden": torch.randn(4, 128), "voice": 0})}))
+    eng.step()
+    after = llm.collective_rpc("omni_state")
+    return {"ids": ids, "during": during, "after": after}
+
+
 def main(scenario: str, demo_dir: str, out: str) -> None:
     import torch
 
@@ -72,6 +104,8 @@ def main(scenario: str, demo_dir: str, out: str) -> None:
         prompts, params = sampling_batch()
         result["outputs"] = collect(llm.generate(prompts[:4], params[:4], use_tqdm=False))
         result["workers"] = llm.collective_rpc("omni_state")
+    elif scenario == "payloads":
+        result.update(payload_lifecycle(os.path.join(demo_dir, "talker")))
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
     torch.save(result, out)
