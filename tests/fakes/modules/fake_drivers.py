@@ -147,3 +147,18 @@ class IncompleteBackend(Backend):
     @classmethod
     def probe(cls) -> ProbeResult:
         return ProbeResult(ProbeState.USABLE, "fake device present", {})
+
+
+class ProbeLogBackend(_Fake):
+    """Appends a line to ``$FAKE_PROBE_LOG`` on every probe (to count probes per command)."""
+
+    name = "probe-log"
+    priority = 4
+
+    @classmethod
+    def probe(cls) -> ProbeResult:
+        import os
+
+        with open(os.environ["FAKE_PROBE_LOG"], "a") as f:
+            f.write("probe\n")
+        return super().probe()

@@ -1,0 +1,123 @@
+"""``omni-backends devices`` and the tool's help, in fresh processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fakes.sites import cli, devices_json, driver, env_for, make_site
+
+REAL = ("cpu", "cuda", "npu", "xpu")
+
+
+@pytest.fixture
+def site(tmp_path):
+    return make_site(tmp_path, {
+        "fake-low": {"usable-low": "fake_drivers:UsableLowBackend"},
+        "fake-nodev": {"nodev": "fake_drivers:NoDeviceBackend"},
+        "fake-heavy": {"heavy-caps": "fake_drivers:HeavyCapabilitiesBackend"},
+        "fake-incomplete": {"incomplete": "fake_drivers:IncompleteBackend"},
+        "fake-boom": {"boom": "fake_boom_runtime:X"},
+    })
+
+
+def _script() -> list[str]:
+    """The installed console script if there is one next to this interpreter, else ``-m``."""
+    script = Path(sys.executable).with_name("omni-backends")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "omni_backends.cli"]
+
+
+def test_help_explains_the_tool_and_selection(tmp_path):
+    env = env_for(tmp_path, tmp_path / "cache")
+    top = subprocess.run([*_script(), "--help"], capture_output=True, text=True, env=env)
+    assert top.returncode == 0
+    for phrase in ("omni-modality", "devices", "--device", "OMNI_BACKENDS_DEVICE", "auto-detect",
+                   "usable", "ascend", "omni_backends.drivers"):
+        assert phrase in top.stdout, phrase
+    sub = subprocess.run([*_script(), "devices", "--help"], capture_output=True, text=True, env=env)
+    assert sub.returncode == 0
+    for phrase in ("not-installed", "installed", "importable", "usable", "exit status", "--json",
+                   "--device", "no vendor stack", "capability"):
+        assert phrase in sub.stdout, phrase
+
+
+def test_no_command_prints_help_and_fails(tmp_path):
+    proc = subprocess.run(_script(), capture_output=True, text=True, env=env_for(tmp_path, tmp_path / "cache"))
+    assert proc.returncode == 2 and "devices" in proc.stdout
+
+
+def test_text_report_lists_every_driver_with_state_reason_and_selection(site, tmp_path):
+    proc = cli(["devices"], site, tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    table = out.split("\n\n")[1].splitlines()
+    header, rows = table[0], table[1:]
+    assert header.split() == ["DRIVER", "STATE", "PRIORITY", "DISTRIBUTION", "VERIFIED", "BY"]
+    names = [r.split()[0] for r in rows]
+    assert set(REAL) <= set(names) and {"usable-low", "nodev", "boom", "heavy-caps"} <= set(names)
+    # the columns line up: each row's STATE starts where the header's does
+    col = header.index("STATE")
+    for r in rows:
+        assert r[col - 2:col] == "  " and r[col] != " ", r
+    row = {r.split()[0]: r.split() for r in rows}
+    assert row["usable-low"][1:3] == ["*", "usable"] and row["usable-low"][3] == "40"
+    assert row["nodev"][1] == "importable" and row["boom"][1] == "error"
+    assert "reports 0 devices" in out and "fake vendor runtime refused" in out
+    assert "would select: usable-low  (rule: auto-detect)" in out
+    flat = " ".join(out.split())
+    assert "note nodev (priority 50) skipped: fake vendor package imports but reports 0 devices" in flat
+
+
+def _block(out: str, name: str) -> str:
+    return out.split(f"\n  {name}\n", 1)[1].split("\n\n", 1)[0]
+
+
+def test_text_report_shows_capability_flags_when_cheap(site, tmp_path):
+    out = cli(["devices"], site, tmp_path / "cache").stdout
+    caps = " ".join(_block(out, "usable-low").split())
+    for flag in ("static_graph_modes none", "h2d_stream_ordered yes", "pinned_memory no", "v2_runner no"):
+        assert flag in caps, flag
+    assert "not shown: needs torch" in _block(out, "heavy-caps")
+    assert "not shown: driver class is incomplete" in _block(out, "incomplete")
+    assert "capabilities" not in _block(out, "boom")
+
+
+def test_json_report_shape(site, tmp_path):
+    rep = devices_json(site, tmp_path / "cache")
+    assert rep["interface_version"] == 1
+    low = driver(rep, "usable-low")
+    assert low["probe"]["state"] == "usable" and low["probe"]["versions"] == {"fake-vendor": "1.0"}
+    assert low["identity"]["device_type"] == "cpu" and low["verification"] == ["simulated"]
+    assert low["capabilities"]["v1_runner"] is True and low["capabilities_skipped"] is None
+    assert driver(rep, "heavy-caps")["capabilities"] is None
+    for name in REAL:
+        d = driver(rep, name)
+        assert d["probe"]["state"] in ("not-installed", "installed", "importable", "usable")
+        assert d["probe"]["reason"] and d["verification"] and d["identity"]["name"] == name
+    assert driver(rep, "npu")["identity"]["aliases"] == ["ascend"]
+    sel = rep["selection"]
+    assert sel["selected"] == "usable-low" and "candidates" not in sel
+    assert len(sel["fingerprint"]) == 16
+
+
+def test_real_drivers_on_this_machine(tmp_path):
+    """No fakes: the in-tree drivers only (plus whatever else is installed)."""
+    rep = devices_json(make_site(tmp_path, {}), tmp_path / "cache")
+    for name in REAL:
+        assert driver(rep, name)["problem"] is None, driver(rep, name)["problem"]
+    if driver(rep, "cpu")["probe"]["usable"]:
+        assert rep["selection"]["selected"] is not None
+        assert rep["_returncode"] == 0
+
+
+def test_broken_pipe_is_quiet(site, tmp_path):
+    env = env_for(site, tmp_path / "cache")
+    cmd = f"{' '.join(_script())} devices --json | head -c 10"
+    proc = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, env=env, cwd=site)
+    assert proc.stdout == '{\n  "inter'
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
