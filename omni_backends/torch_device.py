@@ -83,13 +83,17 @@ class TorchAcceleratorOps:
     def memory_info(self) -> tuple[int, int]:
         import torch
 
-        free, total = torch.accelerator.get_memory_info()
+        get = getattr(torch.accelerator, "get_memory_info", None)  # torch >= 2.9
+        if get is None:  # older torch: the device module's twin (torch.cuda.mem_get_info, ...)
+            get = getattr(torch, self.device_type).mem_get_info
+        free, total = get()
         return int(free), int(total)
 
     def empty_cache(self) -> None:
         import torch
 
-        torch.accelerator.empty_cache()
+        fn = getattr(torch.accelerator, "empty_cache", None) or getattr(torch, self.device_type).empty_cache
+        fn()
 
     def generator(self, seed: int):
         import torch
@@ -116,6 +120,35 @@ class TorchAcceleratorOps:
 # --------------------------------------------------------------------------
 # CPU/device buffer copies: the fenced-host-buffer contract
 # --------------------------------------------------------------------------
+class TorchCpuGpuBuffer:
+    """The fields and copies of ``vllm.v1.utils.CpuGpuBuffer``, built with torch alone.
+
+    Used only where vLLM is not installed but the device is (the device tier
+    on a GPU machine without vLLM): ``.cpu`` (``pin_memory`` host tensor),
+    ``.gpu`` (zeros on ``device``), ``.np`` (NumPy view of ``.cpu``, absent when
+    ``with_numpy`` is False; bfloat16 requires False), and non-blocking
+    ``copy_to_gpu(n)`` / ``copy_to_cpu(n)`` over the first ``n`` rows.
+    """
+
+    def __init__(self, *size: int, dtype: Any, device: Any, pin_memory: bool, with_numpy: bool = True) -> None:
+        import torch
+
+        if with_numpy and dtype == torch.bfloat16:
+            raise ValueError("bfloat16 tensors have no NumPy view: pass with_numpy=False (vLLM's CpuGpuBuffer rule)")
+        self.cpu = torch.zeros(*size, dtype=dtype, device="cpu", pin_memory=pin_memory)
+        self.gpu = torch.zeros_like(self.cpu, device=device)
+        if with_numpy:
+            self.np = self.cpu.numpy()
+
+    def copy_to_gpu(self, n: int | None = None) -> Any:
+        cpu, gpu = (self.cpu, self.gpu) if n is None else (self.cpu[:n], self.gpu[:n])
+        return gpu.copy_(cpu, non_blocking=True)
+
+    def copy_to_cpu(self, n: int | None = None) -> Any:
+        cpu, gpu = (self.cpu, self.gpu) if n is None else (self.cpu[:n], self.gpu[:n])
+        return cpu.copy_(gpu, non_blocking=True)
+
+
 class FencedHostBuffer:
     """A ``vllm.v1.utils.CpuGpuBuffer`` whose host side waits for its in-flight copies.
 

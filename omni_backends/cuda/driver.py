@@ -38,7 +38,7 @@ from omni_backends.backend import Backend, Capabilities, ProbeResult, ProbeState
 from omni_backends.binding import VendorSymbol
 from omni_backends.errors import OmniBackendError
 from omni_backends.probing import dist_version, module_findable, version_mismatches, versions_of
-from omni_backends.torch_device import FencedHostBuffer, TorchAcceleratorOps, copy_host_to_device
+from omni_backends.torch_device import FencedHostBuffer, TorchAcceleratorOps, TorchCpuGpuBuffer, copy_host_to_device
 from omni_backends.vllm_upstream import VllmUpstreamBindings
 
 GPU_MODEL_RUNNER_V1 = VendorSymbol(
@@ -186,8 +186,16 @@ class CudaBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
         wrapped in a :class:`~omni_backends.torch_device.FencedHostBuffer`
         (``.cpu``/``.np``/``.gpu``/``copy_to_gpu``/``copy_to_cpu`` as in vLLM;
         host reads wait for in-flight copies). ``numpy`` must be False for
-        bfloat16 (vLLM raises ``ValueError`` otherwise)."""
-        return self.fence_buffer(VllmUpstreamBindings.make_buffer(self, *size, dtype=dtype, numpy=numpy))
+        bfloat16 (``ValueError`` otherwise).
+
+        Where vLLM is not installed (the device tier on a GPU machine without
+        vLLM) the pair is a :class:`~omni_backends.torch_device.TorchCpuGpuBuffer`
+        with the same fields, allocation and copies."""
+        if module_findable("vllm"):
+            inner = VllmUpstreamBindings.make_buffer(self, *size, dtype=dtype, numpy=numpy)
+        else:
+            inner = TorchCpuGpuBuffer(*size, dtype=dtype, device=self.device(), pin_memory=True, with_numpy=numpy)
+        return self.fence_buffer(inner)
 
     def fence_buffer(self, buffer: Any) -> FencedHostBuffer:
         """Wrap any ``CpuGpuBuffer``-like pair (``.cpu`` pinned, ``.gpu`` on this

@@ -52,33 +52,11 @@ def torch_mod():
 
 
 
-class TorchCpuGpuBuffer:
-    """Stand-in for ``vllm.v1.utils.CpuGpuBuffer`` where vLLM is absent (the H200):
-    the same fields (``.cpu``, ``.gpu``, ``.np``) and the same non-blocking
-    ``copy_to_gpu`` / ``copy_to_cpu``, built with torch alone."""
-
-    def __init__(self, *size, dtype, device, pin_memory, with_numpy=True):
-        import torch
-
-        self.cpu = torch.zeros(*size, dtype=dtype, device="cpu", pin_memory=pin_memory)
-        self.gpu = torch.zeros_like(self.cpu, device=device)
-        if with_numpy:
-            self.np = self.cpu.numpy()
-
-    def copy_to_gpu(self, n=None):
-        cpu, gpu = (self.cpu, self.gpu) if n is None else (self.cpu[:n], self.gpu[:n])
-        return gpu.copy_(cpu, non_blocking=True)
-
-    def copy_to_cpu(self, n=None):
-        cpu, gpu = (self.cpu, self.gpu) if n is None else (self.cpu[:n], self.gpu[:n])
-        return cpu.copy_(gpu, non_blocking=True)
-
-
 @pytest.fixture(scope="session")
 def pinned_pair(device_backend, torch_mod):
     """Factory ``(shape, dtype=float32, fenced=True) -> buffer``: a
     ``vllm.v1.utils.CpuGpuBuffer`` when vLLM is importable, else
-    :class:`TorchCpuGpuBuffer` (vLLM cannot be installed on the H200);
+    :class:`omni_backends.torch_device.TorchCpuGpuBuffer` (vLLM cannot be installed on the H200);
     pinned where the driver pins; wrapped by the driver's ``fence_buffer``
     when ``fenced`` and the driver has one."""
     torch = torch_mod
@@ -86,7 +64,7 @@ def pinned_pair(device_backend, torch_mod):
     try:
         from vllm.v1.utils import CpuGpuBuffer as cls
     except Exception:  # no vLLM here (H200), or a vLLM that cannot load on this host
-        cls = TorchCpuGpuBuffer
+        from omni_backends.torch_device import TorchCpuGpuBuffer as cls
 
     def make(shape, dtype=None, fenced=True):
         dtype = dtype or torch.float32

@@ -53,4 +53,4 @@ def test_every_capture_size_replays_on_device(device_backend, torch_mod):
         out = g.replay()
         device_backend.synchronize()
         assert out.shape == (bs, 256)
-        torch.testing.assert_close(out, torch.relu(new @ w), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out, torch.relu(new @ w), rtol=1e-4, atol=1e-4)

@@ -20,10 +20,10 @@ N = 1 << 16  # 64 Ki int32 values = 256 KiB per step
 
 
 def _busy(torch, dev):
-    """Queue ~0.3 ms of device work, so a following copy is still pending when the host continues."""
+    """Queue ~2 ms of device work, so a following copy is still pending when the host continues."""
     if dev.type == "cpu":
         return lambda: None
-    a = torch.randn(2048, 2048, device=dev)
+    a = torch.randn(4096, 4096, device=dev)  # one fp32 product ~ 2 ms on an H200
 
     def run():
         torch.mm(a, a)
@@ -36,12 +36,11 @@ def _checksums(backend, torch, buf, mode):
     dev = backend.device()
     busy = _busy(torch, dev)
     gen = torch.Generator().manual_seed(99)
+    data = torch.randint(0, 1000, (STEPS, N), dtype=torch.int32, generator=gen)  # made up front: a fast host loop
+    expected = data.double().sum(dim=1).tolist()
     sums = torch.zeros(STEPS, dtype=torch.float64, device=dev)
-    expected = []
     for s in range(STEPS):
-        data = torch.randint(0, 1000, (N,), dtype=torch.int32, generator=gen)
-        buf.cpu.copy_(data)  # the host write (waits on a fenced buffer's pending copy)
-        expected.append(float(data.double().sum()))
+        buf.cpu.copy_(data[s])  # the host write (waits on a fenced buffer's pending copy)
         busy()
         if mode == "driver":
             backend.copy_to_device(buf)

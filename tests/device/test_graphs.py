@@ -51,7 +51,7 @@ def test_eager_equals_replay_on_random_inputs(graph_backend, torch_mod):
         out = sg.replay()
         ref = step(new)
         graph_backend.synchronize()
-        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
 def test_addresses_stable_and_in_place_update_seen(graph_backend, torch_mod):
@@ -67,7 +67,7 @@ def test_addresses_stable_and_in_place_update_seen(graph_backend, torch_mod):
     assert x.data_ptr() == in_addr and second.data_ptr() == out_addr
     graph_backend.synchronize()
     assert not torch.allclose(first, second)
-    torch.testing.assert_close(second, step(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(second, step(x), rtol=1e-4, atol=1e-4)
 
 
 def test_fresh_tensor_is_detected_in_debug_mode(graph_backend, torch_mod):
@@ -83,7 +83,7 @@ def test_fresh_tensor_is_detected_in_debug_mode(graph_backend, torch_mod):
     # why the check exists: without it the graph silently reads the old buffer
     stale = sg.replay().clone()
     graph_backend.synchronize()
-    torch.testing.assert_close(stale, step(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(stale, step(x), rtol=1e-4, atol=1e-4)
     assert not torch.allclose(stale, step(fresh))
 
 
@@ -105,6 +105,6 @@ def test_shared_pool_and_buffer_fed_graph(graph_backend, torch_mod, pinned_pair)
         out_big, out_small = g_big.replay(), g_small.replay()
         graph_backend.synchronize()
         ref = step(host.to(dev))
-        torch.testing.assert_close(out_big, ref, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(out_small, ref[:4], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out_big, ref, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out_small, ref[:4], rtol=1e-4, atol=1e-4)
 
