@@ -128,8 +128,18 @@ class Selection:
         }
 
     def to_text(self) -> str:
+        """The selection as text: the choice, the rule and reason, notes, then every candidate
+        (name, state or problem, priority, reason)."""
         lines = [f"selected: {self.name}  (rule: {self.rule})", f"  why: {self.reason}"]
         lines += [f"  note: {n}" for n in self.notes]
+        width = max((len(c.name) for c in self.candidates), default=0)
+        lines.append("  candidates:")
+        for c in self.candidates:
+            state = "error" if c.problem else (c.probe.state.value if c.probe else "not loaded")
+            why = c.problem or (c.probe.reason if c.probe else "")
+            prio = "-" if c.priority is None else str(c.priority)
+            mark = "*" if c.name == self.name else " "
+            lines.append(f"  {mark} {c.name:<{width}}  {state:<13}  priority {prio:>4}  {why}")
         return "\n".join(lines)
 
 
@@ -649,12 +659,20 @@ def verify_worker_selection(env: dict[str, str] | None = None) -> Selection:
     """
     env = os.environ if env is None else env
     raw = env.get(ENV_SELECTION)
-    parent = json.loads(raw) if raw else None
+    try:
+        parent = json.loads(raw) if raw else None
+        if parent is not None and not (isinstance(parent, dict) and {"name", "fingerprint"} <= parent.keys()):
+            raise ValueError("expected an object with name, versions and fingerprint")
+    except ValueError as exc:
+        raise OmniBackendError(
+            f"{ENV_SELECTION} holds no valid selection from the parent process ({exc}): {raw[:200]!r}. It is "
+            f"written by omni_backends.select() in the parent; unset it to let this process select on its own."
+        ) from exc
     sel = select(parent["name"] if parent else None, export=False, flag_name=ENV_SELECTION)
     if parent and (parent["name"] != sel.name or parent["fingerprint"] != sel.fingerprint):
         raise OmniBackendError(
             f"worker process resolved driver {sel.name!r} (versions {sel.versions}, fingerprint {sel.fingerprint}) "
-            f"but the parent selected {parent['name']!r} (versions {parent['versions']}, fingerprint "
+            f"but the parent selected {parent['name']!r} (versions {parent.get('versions')}, fingerprint "
             f"{parent['fingerprint']}). Every rank must see the same vendor stack: check the worker's environment."
         )
     return sel

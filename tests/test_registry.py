@@ -397,3 +397,64 @@ def test_unwritable_stevedore_cache_does_not_break_discovery(tmp_path):
     assert rep["_returncode"] == 0, rep["_stderr"]
     assert rep["selection"]["selected"] == "usable-low"
     assert blocker.read_text().startswith("XDG_CACHE_HOME")
+
+
+def test_selection_report_text_and_json_list_every_candidate(tmp_path, cache_home):
+    site = _site(tmp_path, fake_nodev={"nodev": FAKE + "NoDeviceBackend"},
+                 fake_low={"usable-low": FAKE + "UsableLowBackend"})
+    code = textwrap.dedent("""
+        import json
+        from omni_backends import registry
+        sel = registry.decide()
+        print(json.dumps({"text": sel.to_text(), "json": sel.to_json()}))
+    """)
+    proc = python(code, site, cache_home)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    text = out["text"].splitlines()
+    assert text[0] == "selected: usable-low  (rule: auto-detect)"
+    rows = {line.split()[1] if line.lstrip().startswith("*") else line.split()[0]: line
+            for line in text[text.index("  candidates:") + 1:]}
+    assert set(rows) >= {"usable-low", "nodev", "cpu", "cuda", "npu", "xpu"}
+    assert rows["usable-low"].lstrip().startswith("* usable-low") and "usable" in rows["usable-low"]
+    assert "importable" in rows["nodev"] and "reports 0 devices" in rows["nodev"]
+    names = [c["name"] for c in out["json"]["candidates"]]
+    assert names == sorted(names) and {"usable-low", "nodev"} <= set(names)
+    assert out["json"]["selected"] == "usable-low" and out["json"]["rule"] == "auto-detect"
+
+
+WORKER = """
+import json, os, omni_backends
+from omni_backends import registry
+try:
+    sel = registry.verify_worker_selection()
+    print(json.dumps({"selected": sel.name}))
+except omni_backends.OmniBackendError as exc:
+    print(json.dumps({"error": str(exc)}))
+"""
+
+
+def test_worker_process_follows_parent_selection_and_detects_mismatch(tmp_path, cache_home):
+    site = _site(tmp_path, fake_ties={"tie-a": FAKE + "TieABackend"},
+                 fake_low={"usable-low": FAKE + "UsableLowBackend"})
+    parent = python("import os, omni_backends; omni_backends.select('usable-low'); "
+                    "print(os.environ['OMNI_BACKENDS_SELECTION'])", site, cache_home)
+    assert parent.returncode == 0, parent.stderr
+    exported = parent.stdout.strip()
+    # a worker with the parent's selection resolves the same driver, not auto-detect's tie-a
+    out = json.loads(python(WORKER, site, cache_home, {"OMNI_BACKENDS_SELECTION": exported}).stdout)
+    assert out == {"selected": "usable-low"}
+    # a worker that sees different vendor versions (other fingerprint) refuses, naming both sides
+    forged = json.loads(exported)
+    forged["versions"], forged["fingerprint"] = {"fake-vendor": "0.9"}, "0000000000000000"
+    out = json.loads(python(WORKER, site, cache_home, {"OMNI_BACKENDS_SELECTION": json.dumps(forged)}).stdout)
+    assert "worker process resolved driver 'usable-low'" in out["error"] and "0000000000000000" in out["error"]
+
+
+@pytest.mark.parametrize("raw", ["{not json", '{"versions": {}}', "[1, 2]"])
+def test_worker_with_garbled_parent_selection_gets_a_clear_error(tmp_path, cache_home, raw):
+    site = _site(tmp_path)
+    proc = python(WORKER, site, cache_home, {"OMNI_BACKENDS_SELECTION": raw})
+    assert proc.returncode == 0, proc.stderr
+    err = json.loads(proc.stdout)["error"]
+    assert "OMNI_BACKENDS_SELECTION" in err and "parent" in err
