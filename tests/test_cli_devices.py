@@ -121,3 +121,23 @@ def test_broken_pipe_is_quiet(site, tmp_path):
     proc = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, env=env, cwd=site)
     assert proc.stdout == '{\n  "inter'
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
+
+
+def test_command_plugins_load_and_a_broken_one_only_warns(tmp_path):
+    site = make_site(
+        tmp_path,
+        {"fake-boom": {"boom": "fake_boom_oserror:X"}, "fake-low": {"usable-low": "fake_drivers:UsableLowBackend"}},
+        commands={"fake-cmds": {"select-now": "fake_commands:add_select_now",
+                                "broken-cmd": "fake_commands_broken:add"}},
+    )
+    ok = cli(["select-now", "--device", "USABLE-LOW"], site, tmp_path / "cache")
+    assert ok.returncode == 0 and ok.stdout.strip() == "selected usable-low", ok.stderr
+    assert "warning: command 'broken-cmd'" in ok.stderr and "not installed" in ok.stderr
+    assert "devices" in cli(["--help"], site, tmp_path / "cache").stdout  # built-in command still there
+    # a command that selects a driver whose import failed: one clear error plus the original traceback
+    bad = cli(["select-now", "--device", "boom"], site, tmp_path / "cache")
+    assert bad.returncode == 2
+    assert "omni-backends: error: driver 'boom'" in bad.stderr
+    assert "fake_boom_oserror.py" in bad.stderr and "OSError: libfakehccl.so" in bad.stderr
+    unknown = cli(["select-now", "--device", "tpu"], site, tmp_path / "cache")
+    assert unknown.returncode == 2 and "unknown device 'tpu'" in unknown.stderr and "Traceback" not in unknown.stderr

@@ -22,21 +22,30 @@ from typing import Mapping
 
 MODULES = Path(__file__).resolve().parent / "modules"
 GROUP = "omni_backends.drivers"
+COMMANDS = "omni_backends.commands"
 
 
-def make_site(root: Path, dists: Mapping[str, Mapping[str, str]]) -> Path:
+def make_site(root: Path, dists: Mapping[str, Mapping[str, str]],
+              commands: Mapping[str, Mapping[str, str]] | None = None) -> Path:
     """Write one dist-info per distribution: ``{dist name: {driver name: "module:Class"}}``.
 
+    ``commands`` adds ``omni_backends.commands`` entry points the same way.
     Returns the site directory (``root / "site"``).
     """
     site = root / "site"
     site.mkdir(parents=True, exist_ok=True)
-    for dist, eps in dists.items():
+    groups: dict[str, dict[str, Mapping[str, str]]] = {}
+    for group, table in ((GROUP, dists), (COMMANDS, commands or {})):
+        for dist, eps in table.items():
+            groups.setdefault(dist, {})[group] = eps
+    for dist, by_group in groups.items():
         info = site / f"{dist.replace('-', '_')}-1.0.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
-        lines = [f"[{GROUP}]"] + [f"{name} = {target}" for name, target in eps.items()]
-        (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+        lines = []
+        for group, eps in by_group.items():
+            lines += [f"[{group}]"] + [f"{name} = {target}" for name, target in eps.items()] + [""]
+        (info / "entry_points.txt").write_text("\n".join(lines))
     return site
 
 
