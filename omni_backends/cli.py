@@ -14,9 +14,10 @@ import json
 import os
 import sys
 import textwrap
+import traceback
 from typing import Any, Sequence
 
-from omni_backends.errors import OmniBackendError
+from omni_backends.errors import DriverLoadError, OmniBackendError
 
 COMMANDS_NAMESPACE = "omni_backends.commands"
 
@@ -211,6 +212,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``omni-backends`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+
+    0 success; 1 ``devices`` found no driver to select; 2 usage error or an
+    :class:`~omni_backends.errors.OmniBackendError` (printed as one line, after
+    the original traceback when a driver failed to import); 130 interrupted.
+    A command plugin that fails to load is a warning, never fatal.
+    """
     parser, load_errors = build_parser()
     args = parser.parse_args(argv)
     for e in load_errors:
@@ -221,6 +229,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except OmniBackendError as exc:
+        if isinstance(exc, DriverLoadError) and exc.__cause__ is not None:
+            # the driver's own import error is what the user must fix: show where it happened
+            print("".join(traceback.format_exception(exc.__cause__)).rstrip(), file=sys.stderr)
         print(f"omni-backends: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
