@@ -366,6 +366,13 @@ def test_corrupt_stevedore_cache_does_not_break_discovery(tmp_path, cache_home, 
         assert driver(rep, name)["probe"] is not None, (kind, name)
     assert rep["selection"]["selected"] == "usable-low"
     assert "Traceback" not in rep["_stderr"]
+    # proof that the corrupt file was really read by stevedore
+    if kind == "garbage-text":  # stevedore catches JSONDecodeError itself and rebuilds the cache
+        if not sys.executable.startswith("/tmp"):
+            rebuilt = json.loads(path.read_text())
+            assert "usable-low" in [e[0] for e in rebuilt["groups"]["omni_backends.drivers"]]
+    else:  # stevedore raises: the registry says so and which cache to delete
+        assert any("stevedore could not list the drivers" in n and str(path.parent) in n for n in rep["notes"]), rep["notes"]
 
 
 def test_stale_stevedore_cache_is_detected_and_bypassed(tmp_path, cache_home):
