@@ -900,6 +900,7 @@ def _cmd_check_drift(args: argparse.Namespace) -> int:
                 {"package": pkg, "source": vendor.describe(), "against": upstream.describe(),
                  "findings": [f.to_json() for f in found]}
             )
+            report["drift"] = report["drift"] or bool(found)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

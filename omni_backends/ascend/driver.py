@@ -315,7 +315,8 @@ class AscendBackend(TorchAcceleratorOps, Backend):
     def forward_context(self, attn_metadata: Any, vllm_config: Any, **kwargs: Any) -> ContextManager[None]:
         """``set_ascend_forward_context(**ascend_forward_context_kwargs(...))``; see
         :func:`ascend_forward_context_kwargs` for the argument mapping and errors."""
-        return SET_ASCEND_FORWARD_CONTEXT.resolve()(**ascend_forward_context_kwargs(attn_metadata, vllm_config, **kwargs))
+        mapped = ascend_forward_context_kwargs(attn_metadata, vllm_config, **kwargs)  # bad input fails first
+        return SET_ASCEND_FORWARD_CONTEXT.resolve()(**mapped)
 
     # ------------------------------------------------------- graph wrapping
     def wrap_graph(self, runnable: Callable[..., Any], vllm_config: Any, runtime_mode: Any) -> Callable[..., Any]:

@@ -1,0 +1,269 @@
+"""Ascend (npu) driver: argument mapping, graphs, buffers and probing, on CPU.
+
+No NPU, CANN or vllm-ascend exists here. Vendor calls go to recording
+stand-ins with the real vendor signatures (``simulated.vendor_signatures``,
+checked against the vllm-ascend 0.23.0.post1 source by
+``test_drift_vendor_sources.py``); copies run on the simulated device whose
+copy engine completes late and out of order (``simulated.device``).
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from omni_backends.ascend import driver as ascend
+from omni_backends.ascend.driver import AscendBackend, ascend_forward_context_kwargs
+from omni_backends.backend import Backend, ProbeState, Verification
+from omni_backends.errors import DeviceNotUsableError, OmniBackendError
+from simulated import vendor_signatures as vs
+from simulated.device import CopyEngine, SimCpuGpuBuffer
+
+FULL, PIECEWISE, NONE = (types.SimpleNamespace(name=n) for n in ("FULL", "PIECEWISE", "NONE"))
+
+
+@pytest.fixture
+def npu():
+    return AscendBackend(load_vendor=False)
+
+
+@pytest.fixture
+def fake_cudagraph_mode(monkeypatch):
+    """``vllm.config.CUDAGraphMode`` stand-in with the members the driver compares against."""
+    mode = types.SimpleNamespace(NONE=NONE, PIECEWISE=PIECEWISE, FULL=FULL)
+    vs.install_module(monkeypatch, "vllm.config", CUDAGraphMode=mode, get_current_vllm_config=lambda: "current-cfg")
+    return mode
+
+
+def test_identity_and_labels():
+    assert not AscendBackend.__abstractmethods__
+    assert issubclass(AscendBackend, Backend)
+    assert (AscendBackend.name, AscendBackend.aliases, AscendBackend.device_type) == ("npu", ("ascend",), "npu")
+    assert AscendBackend.dist_backend == "hccl"
+    assert AscendBackend.visible_devices_env == "ASCEND_RT_VISIBLE_DEVICES"
+    assert AscendBackend.verification == (Verification.STATIC, Verification.SIMULATED)
+    caps = AscendBackend(load_vendor=False).capabilities()
+    assert caps.h2d_stream_ordered is False and caps.pinned_memory and caps.static_graphs
+
+
+# ------------------------------------------------------------ forward context
+def test_forward_context_maps_vllm_arguments_onto_set_ascend_forward_context(npu, monkeypatch):
+    rec = vs.Recorder(vs.set_ascend_forward_context)
+    vs.install_module(monkeypatch, "vllm_ascend.ascend_forward_context", set_ascend_forward_context=rec)
+    model, meta, cfg, dp, desc = object(), {"layer.0": "m"}, object(), torch.tensor([5, 7]), object()
+    with npu.forward_context(meta, cfg, num_tokens=8, num_tokens_across_dp=dp, cudagraph_runtime_mode=FULL,
+                             batch_descriptor=desc, slot_mapping={"layer.0": torch.arange(8)}, skip_compiled=True,
+                             num_actual_tokens=6, model=model, is_profile=True):
+        pass
+    (call,) = rec.calls
+    assert call["attn_metadata"] is meta and call["vllm_config"] is cfg
+    assert call["num_tokens"] == 8 and call["num_tokens_across_dp"] is dp
+    assert call["aclgraph_runtime_mode"] is FULL  # renamed from cudagraph_runtime_mode
+    assert call["in_profile_run"] is True  # from is_profile
+    assert call["model_instance"] is model  # from model
+    assert call["num_actual_tokens"] == 6 and call["batch_descriptor"] is desc and call["skip_compiled"] is True
+    assert call["is_draft_model"] is False  # untouched vendor extras keep their defaults
+
+
+def test_forward_context_none_values_keep_vendor_defaults(npu, monkeypatch):
+    rec = vs.Recorder(vs.set_ascend_forward_context)
+    vs.install_module(monkeypatch, "vllm_ascend.ascend_forward_context", set_ascend_forward_context=rec)
+    with npu.forward_context(None, "cfg"):
+        pass
+    (call,) = rec.calls
+    assert call["num_tokens"] == 0  # vendor default, not None
+    assert repr(call["aclgraph_runtime_mode"]) == "CUDAGraphMode.NONE"
+    assert call["in_profile_run"] is False and call["model_instance"] is None
+
+
+def test_mapping_output_binds_to_the_vendor_signature():
+    # every keyword the mapping can produce is a parameter of the real function
+    kwargs = ascend_forward_context_kwargs("m", "c", num_tokens=1, num_tokens_across_dp=None,
+                                           cudagraph_runtime_mode=PIECEWISE, batch_descriptor=None, slot_mapping={},
+                                           skip_compiled=False, is_padding=None, num_actual_tokens=1, model=None,
+                                           is_profile=False)
+    vs.Recorder(vs.set_ascend_forward_context)(**kwargs)
+    assert "slot_mapping" not in kwargs and "is_padding" not in kwargs and "cudagraph_runtime_mode" not in kwargs
+
+
+def test_forward_context_refuses_micro_batching(npu):
+    with pytest.raises(OmniBackendError, match="ubatch_slices"):
+        npu.forward_context(None, "cfg", ubatch_slices=[object()])
+    with pytest.raises(TypeError):
+        ascend_forward_context_kwargs(None, "cfg", not_a_vllm_argument=1)
+
+
+# --------------------------------------------------------------------- graphs
+def test_wrap_graph_uses_acl_graph_wrapper_and_clear_graphs(npu, monkeypatch):
+    made = []
+
+    class Wrapper:  # weak-referenceable, like the real ACLGraphWrapper
+        def __init__(self, args):
+            self.args, self.concrete_aclgraph_entries = args, {"bd": "graph"}
+
+    def make(args):
+        made.append(Wrapper(args))
+        return made[-1]
+
+    rec = vs.Recorder(vs.ACLGraphWrapper, returns=make)
+    vs.install_module(monkeypatch, "vllm_ascend.compilation.acl_graph", ACLGraphWrapper=rec)
+
+    def runnable(x):
+        return x
+
+    wrapped = npu.wrap_graph(runnable, "cfg", FULL)
+    assert wrapped is made[0] and rec.calls[0]["runnable"] is runnable and rec.calls[0]["runtime_mode"] is FULL
+    assert npu.wrap_graph(runnable, "cfg", NONE) is runnable  # the vendor wrapper asserts mode != NONE
+    assert npu.wrap_graph(runnable, "cfg", None) is runnable
+    npu.clear_graphs()
+    assert made[0].concrete_aclgraph_entries == {}
+
+
+def test_wrap_graph_returns_runnable_when_graph_capability_is_off(monkeypatch):
+    from omni_backends.backend import Capabilities
+
+    monkeypatch.setattr(AscendBackend, "capabilities", lambda self: Capabilities(static_graph_modes=()))
+    vs.install_module(monkeypatch, "vllm_ascend.compilation.acl_graph",
+                      ACLGraphWrapper=lambda *a, **k: pytest.fail("wrapper built with graphs off"))
+
+    def runnable():
+        return 1
+
+    assert AscendBackend(load_vendor=False).wrap_graph(runnable, "cfg", FULL) is runnable
+
+
+def test_graph_capture_context_is_vllm_ascend_graph_capture(npu, monkeypatch):
+    rec = vs.Recorder(vs.ascend_graph_capture)
+    vs.install_module(monkeypatch, "vllm_ascend.worker.model_runner_v1", graph_capture=rec)
+    with npu.graph_capture_context("npu:0"):
+        pass
+    assert rec.calls == [{"device": "npu:0"}]
+
+
+def _attention_layer(backend):
+    return types.SimpleNamespace(get_attn_backend=lambda: backend)
+
+
+def test_after_full_graph_replay_updates_frozen_params(npu, monkeypatch, fake_cudagraph_mode):
+    rec = vs.Recorder(vs.update_full_graph_params, returns=lambda _a: None)
+    vs.install_module(monkeypatch, "vllm_ascend.compilation.acl_graph", update_full_graph_params=rec)
+    stream = object()
+    vs.install_module(monkeypatch, "torch_npu.npu", Stream=lambda: stream)
+    cfg = types.SimpleNamespace(speculative_config="spec")
+    fc = types.SimpleNamespace(cudagraph_runtime_mode=FULL, capturing=False,
+                               no_compile_layers={"mlp": object(), "attn.0": _attention_layer("AscendAttentionBackend")})
+    npu.after_graph_replay(fc, 16, vllm_config=cfg)
+    npu.after_graph_replay(fc, 8)  # vllm_config from get_current_vllm_config()
+    first, second = rec.calls
+    assert first["attn_backend"] == "AscendAttentionBackend" and first["update_stream"] is stream
+    assert first["forward_context"] is fc and first["num_tokens"] == 16 and first["speculative_config"] == "spec"
+    assert second["vllm_config"] == "current-cfg" and second["update_stream"] is stream  # one update stream
+
+    # not FULL, or while capturing: nothing to update
+    for other in (types.SimpleNamespace(cudagraph_runtime_mode=PIECEWISE, capturing=False, no_compile_layers={}),
+                  types.SimpleNamespace(cudagraph_runtime_mode=FULL, capturing=True, no_compile_layers={})):
+        npu.after_graph_replay(other, 4, vllm_config=cfg)
+    assert len(rec.calls) == 2
+
+
+# -------------------------------------------------------------- sampler, bases
+def test_sampler_and_bases_resolve_vendor_classes(npu, monkeypatch):
+    rec = vs.Recorder(vs.AscendSampler, returns=lambda a: ("sampler", a["logprobs_mode"]))
+    vs.install_module(monkeypatch, "vllm_ascend.sample.sampler", AscendSampler=rec)
+    assert npu.make_sampler("processed_logprobs") == ("sampler", "processed_logprobs")
+    v1, v2, worker = type("V1", (), {}), type("V2", (), {}), type("W", (), {})
+    vs.install_module(monkeypatch, "vllm_ascend.worker.model_runner_v1", NPUModelRunner=v1)
+    vs.install_module(monkeypatch, "vllm_ascend.worker.v2.model_runner", NPUModelRunner=v2)
+    vs.install_module(monkeypatch, "vllm_ascend.worker.worker", NPUWorker=worker)
+    assert (npu.model_runner_base(), npu.model_runner_base(v2=True), npu.worker_base()) == (v1, v2, worker)
+
+
+# -------------------------------------------------------------------- buffers
+def test_make_buffer_pins_per_vendor_platform(npu, monkeypatch):
+    from vllm.v1.utils import CpuGpuBuffer  # the real class, on CPU here
+
+    seen = []
+    vs.install_module(monkeypatch, "vllm_ascend.platform",
+                      NPUPlatform=types.SimpleNamespace(is_pin_memory_available=lambda: seen.append(1) or False))
+    monkeypatch.setattr(AscendBackend, "device", lambda self, index=None: torch.device("cpu"))
+    buf = npu.make_buffer(4, 3, dtype=torch.int32)
+    assert isinstance(buf, CpuGpuBuffer) and buf.cpu.shape == (4, 3) and buf.np.shape == (4, 3)
+    assert seen == [1] and not buf.cpu.is_pinned()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_h2d_copies_not_ordered_no_stale_reads_no_in_flight_reuse(npu, seed):
+    """200 steps on the simulated device: each step rewrites the host buffer,
+    copies it through the driver and has the "next kernel" read the device side."""
+    engine = CopyEngine(seed=seed, max_delay=4)
+    buf = SimCpuGpuBuffer(64, dtype=torch.int64, engine=engine, device_type="npu")
+    for step in range(200):
+        n = 1 + (step * 7) % 64
+        values = torch.arange(n) + 1000 * step
+        engine.host_write(buf.cpu[:n], values)
+        dev = npu.copy_to_device(buf, n)
+        assert torch.equal(dev.read(), values), f"stale device data at step {step}"
+    assert engine.violations == []
+    assert engine.pending == [] and engine.blocking == 200
+
+
+def test_simulated_device_catches_the_unguarded_copy():
+    """Negative control: vLLM's plain non-blocking ``copy_to_gpu`` on the same device
+    shows stale reads and in-flight source reuse, so the test above can fail."""
+    engine = CopyEngine(seed=0, max_delay=4)
+    buf = SimCpuGpuBuffer(64, dtype=torch.int64, engine=engine, device_type="npu")
+    stale = 0
+    for step in range(200):
+        values = torch.arange(64) + 1000 * step
+        engine.host_write(buf.cpu, values)
+        if not torch.equal(buf.copy_to_gpu().read(), values):
+            stale += 1
+    assert stale > 50 and len(engine.violations) > 50
+
+
+# -------------------------------------------------------------------- probing
+def test_probe_not_usable_here_names_what_is_missing():
+    probe = AscendBackend.probe()
+    assert not probe.usable and probe.state is ProbeState.NOT_INSTALLED
+    assert "vllm-ascend" in probe.reason and "torch-npu" in probe.reason
+    assert "CANN" in probe.fix
+
+
+@pytest.mark.parametrize("name", ["npu", "ascend", "NPU"])
+def test_selecting_npu_fails_before_any_engine_starts(name):
+    from omni_backends.registry import decide
+
+    with pytest.raises(DeviceNotUsableError, match="not usable here: vllm-ascend and torch-npu not installed") as exc:
+        decide(name)
+    assert exc.value.probe is not None and not exc.value.probe.usable
+
+
+def _fake_dists(tmp_path, monkeypatch, versions):
+    """Real dist-info directories for ``versions`` first on sys.path (fake metadata)."""
+    site = tmp_path / "site"
+    for dist, version in versions.items():
+        info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    monkeypatch.syspath_prepend(str(site))
+
+
+def test_version_gate_reports_installed_required_and_what_to_install(tmp_path, monkeypatch):
+    _fake_dists(tmp_path, monkeypatch,
+                {"vllm-ascend": "0.22.0", "torch-npu": "2.10.0.post4", "torch": "2.10.0", "vllm": "0.23.0"})
+    probe = AscendBackend.probe()
+    assert not probe.usable
+    assert probe.versions["vllm-ascend"] == "0.22.0"
+    assert "vllm-ascend 0.22.0 is installed but vllm-ascend>=0.23,<0.24 is required" in probe.reason
+    assert probe.fix == "pip install 'vllm-ascend>=0.23,<0.24'"
+
+
+def test_version_gate_passes_then_cann_is_what_is_missing(tmp_path, monkeypatch):
+    _fake_dists(tmp_path, monkeypatch,
+                {"vllm-ascend": "0.23.0.post1", "torch-npu": "2.10.0.post4", "torch": "2.10.0", "vllm": "0.23.0"})
+    monkeypatch.setattr(ascend, "find_shared_library", lambda name, dirs=(): None)
+    probe = AscendBackend.probe()
+    assert not probe.usable and probe.state is ProbeState.INSTALLED
+    assert "libhccl.so" in probe.reason and "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in probe.fix
