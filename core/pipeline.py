@@ -1,0 +1,264 @@
+"""The main job: thinker -> talker (+MTP) -> code2wav on real vLLM engines.
+
+:func:`run_pipeline` validates every input first (so bad input fails before
+any engine starts), then runs the three stages through the core runner on the
+selected driver, and writes its outputs into a temporary folder that is
+renamed into place only when everything succeeded:
+
+- ``out.wav``       mono 16-bit PCM at the code2wav model's sample rate
+- ``thinker.txt``   the thinker's text
+- ``codes.json``    the talker's codec tokens, ``[T][K]`` (codebook 0 sampled,
+  1..K-1 from the MTP head)
+- ``summary.json``  driver and why, per-stage token counts and wall times
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import wave
+from typing import Any, Callable
+
+from core.kinds import AR, GENERATION
+from omni_backends.errors import BadInputError
+
+STAGES = ("thinker", "talker", "code2wav")
+#: engine settings shared by the three stages
+ENGINE_KW: dict[str, Any] = dict(dtype="float32", enforce_eager=True, max_num_seqs=8)
+THINKER_MAX_MODEL_LEN = 512
+TALKER_MAX_MODEL_LEN = 1024
+
+
+def default_model_dir() -> str:
+    """``$OMNI_BACKENDS_CACHE`` or ``~/.cache/omni-backends``, then ``demo-v<format>``."""
+    from core.models.create import FORMAT_VERSION
+
+    root = os.environ.get("OMNI_BACKENDS_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "omni-backends"
+    )
+    return os.path.join(root, f"demo-v{FORMAT_VERSION}")
+
+
+@dataclasses.dataclass
+class RunConfig:
+    prompt: str = "Hello! Tell me about omni models."
+    device: str | None = None
+    voice: int = 0
+    max_tokens: int = 32
+    seed: int = 0
+    out: str = "out"
+    model_dir: str | None = None
+    multiprocess: bool = False
+
+
+def _load_config(stage_dir: str, stage: str) -> dict[str, Any]:
+    path = os.path.join(stage_dir, "config.json")
+    if not os.path.isfile(path):
+        raise BadInputError(f"{stage} model: {path} is missing. Recreate the demo models: omni-backends demo-model create DIR")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as exc:
+        raise BadInputError(f"{stage} model: {path} is not valid JSON ({exc}). Recreate it with omni-backends demo-model create DIR") from exc
+
+
+def _check_weights(stage_dir: str, stage: str) -> None:
+    path = os.path.join(stage_dir, "model.safetensors")
+    if not os.path.isfile(path):
+        raise BadInputError(f"{stage} model: weight file {path} is missing. Recreate the demo models: omni-backends demo-model create DIR")
+    try:
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt") as f:
+            if not list(f.keys()):
+                raise ValueError("no tensors")
+    except Exception as exc:  # safetensors raises its own error types
+        raise BadInputError(f"{stage} model: weight file {path} is unreadable ({exc}). Recreate the demo models.") from exc
+
+
+def _check_out_dir(out: str) -> str:
+    out = os.path.abspath(out)
+    parent = os.path.dirname(out)
+    probe_dir = out if os.path.isdir(out) else parent
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise BadInputError(f"output path {out} exists and is not a directory; choose another --out")
+    if not os.path.isdir(probe_dir):
+        raise BadInputError(f"output directory's parent {probe_dir} does not exist; create it or choose another --out")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".omni-write-test-", dir=probe_dir)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise BadInputError(f"output directory {probe_dir} is not writable ({exc.strerror}); choose another --out") from exc
+    return out
+
+
+def validate(cfg: RunConfig, backend: Any) -> dict[str, dict[str, Any]]:
+    """Check every input before an engine starts; returns stage -> config.json.
+
+    Raises :class:`BadInputError` with what to do for: empty prompt, bad
+    ``max_tokens``, missing/corrupt model files, a head size the device cannot
+    run, voice id out of range, prompt longer than the thinker's context,
+    unwritable output directory.
+    """
+    if not cfg.prompt or not cfg.prompt.strip():
+        raise BadInputError("the prompt is empty; pass some text with --prompt")
+    if cfg.max_tokens < 1:
+        raise BadInputError(f"--max-tokens must be >= 1, got {cfg.max_tokens}")
+    model_dir = cfg.model_dir
+    if not os.path.isdir(model_dir):
+        raise BadInputError(f"model directory {model_dir} does not exist; create it with: omni-backends demo-model create {model_dir}")
+    configs = {}
+    for stage in STAGES:
+        d = os.path.join(model_dir, stage)
+        configs[stage] = _load_config(d, stage)
+        _check_weights(d, stage)
+        backend.check_model_config(configs[stage])
+    n_voices = int(configs["talker"].get("num_voices", 1))
+    if not 0 <= cfg.voice < n_voices:
+        raise BadInputError(f"voice id {cfg.voice} is out of range: the talker has voices 0..{n_voices - 1}")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(os.path.join(model_dir, "thinker"))
+    n_prompt = len(tok(cfg.prompt)["input_ids"])
+    limit = THINKER_MAX_MODEL_LEN
+    if n_prompt + cfg.max_tokens > limit:
+        raise BadInputError(
+            f"prompt is {n_prompt} tokens; with --max-tokens {cfg.max_tokens} that exceeds the thinker's context of "
+            f"{limit} tokens. Shorten the prompt or lower --max-tokens."
+        )
+    _check_out_dir(cfg.out)
+    return configs
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _write_wav(path: str, samples: Any, sample_rate: int) -> None:
+    import numpy as np
+
+    pcm = (np.clip(samples.numpy(), -1.0, 1.0) * 32767.0).round().astype("<i2")
+    with wave.open(path, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(sample_rate)
+        w.writeframes(pcm.tobytes())
+
+
+def run_pipeline(cfg: RunConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the three stages; returns the summary (also written to ``summary.json``).
+
+    Raises the registry's errors for an unknown / unusable device and
+    :class:`BadInputError` for bad input, both before any engine starts.
+    """
+    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    t_start = time.perf_counter()
+    if not cfg.multiprocess:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # keep the progress lines readable
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from core.stage import prepare_device
+
+    sel = prepare_device(cfg.device)
+    say(f"device: {sel.name} ({sel.rule}): {sel.reason}")
+    if cfg.model_dir is None:
+        cfg.model_dir = default_model_dir()
+        if not os.path.isdir(cfg.model_dir):
+            from core.models.create import create_demo_models
+
+            say(f"creating demo models in {cfg.model_dir} (first run)")
+            create_demo_models(cfg.model_dir)
+    configs = validate(cfg, sel.backend)
+    out = os.path.abspath(cfg.out)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".omni-run-", dir=os.path.dirname(out))
+    try:
+        summary = _run_stages(cfg, configs, staging, say)
+        summary["device"] = {"selected": sel.name, "rule": sel.rule, "reason": sel.reason, "versions": sel.versions}
+        summary["total_seconds"] = round(time.perf_counter() - t_start, 3)
+        with open(os.path.join(staging, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        if os.path.isdir(out):
+            for name in ("out.wav", "thinker.txt", "codes.json", "summary.json"):
+                if os.path.exists(os.path.join(out, name)):
+                    os.unlink(os.path.join(out, name))
+            for name in os.listdir(staging):
+                os.replace(os.path.join(staging, name), os.path.join(out, name))
+            os.rmdir(staging)
+        else:
+            os.replace(staging, out)
+            os.chmod(out, 0o777 & ~_umask())
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    summary["out_dir"] = out
+    return summary
+
+
+def _run_stages(cfg: RunConfig, configs: dict[str, dict[str, Any]], staging: str, say: Callable[[str], None]) -> dict[str, Any]:
+    import torch
+    from vllm import SamplingParams
+
+    from core.payloads import EXTRA_ARGS_KEY, pack
+    from core.stage import make_engine
+
+    stages: dict[str, Any] = {}
+    md = cfg.model_dir
+
+    # 1. thinker: text -> text tokens + per-token hidden states
+    t0 = time.perf_counter()
+    say("[1/3] thinker: starting engine")
+    thinker = make_engine(os.path.join(md, "thinker"), kind=AR, device=cfg.device, max_model_len=THINKER_MAX_MODEL_LEN,
+                          seed=cfg.seed, **ENGINE_KW)
+    say(f"[1/3] thinker: generating up to {cfg.max_tokens} tokens")
+    params = SamplingParams(max_tokens=cfg.max_tokens, temperature=0.8, top_p=0.95, seed=cfg.seed)
+    (th,) = thinker.generate([cfg.prompt], params, use_tqdm=False)
+    hidden = th.multimodal_outputs["hidden"]
+    text = th.outputs[0].text
+    stages["thinker"] = {"prompt_tokens": len(th.prompt_token_ids), "generated_tokens": len(th.outputs[0].token_ids),
+                         "hidden_states": list(hidden.shape), "seconds": round(time.perf_counter() - t0, 3)}
+    with open(os.path.join(staging, "thinker.txt"), "w") as f:
+        f.write(text + "\n")
+
+    # 2. talker: prompt_embeds from thinker hidden states + voice -> codec tokens (+ MTP residuals)
+    t0 = time.perf_counter()
+    n_frames = max(1, min(cfg.max_tokens * 2, TALKER_MAX_MODEL_LEN - hidden.shape[0]))
+    say(f"[2/3] talker: starting engine ({hidden.shape[0]} prompt embeddings, voice {cfg.voice})")
+    talker = make_engine(os.path.join(md, "talker"), kind=AR, device=cfg.device, max_model_len=TALKER_MAX_MODEL_LEN,
+                         skip_tokenizer_init=True, seed=cfg.seed, **ENGINE_KW)
+    say(f"[2/3] talker: generating {n_frames} codec frames")
+    payload = pack({"thinker_hidden": hidden, "voice": cfg.voice})
+    tparams = SamplingParams(max_tokens=n_frames, temperature=0.0, ignore_eos=True, detokenize=False,
+                             extra_args={EXTRA_ARGS_KEY: payload})
+    (tk,) = talker.generate([{"prompt_token_ids": [0] * hidden.shape[0]}], tparams, use_tqdm=False)
+    code0 = torch.tensor(tk.outputs[0].token_ids, dtype=torch.int64)[:, None]
+    codes = torch.cat([code0, tk.multimodal_outputs["residual_codes"].to(torch.int64)], dim=1)
+    stages["talker"] = {"prompt_embeds": hidden.shape[0], "generated_tokens": int(codes.shape[0]),
+                        "codebooks": int(codes.shape[1]), "seconds": round(time.perf_counter() - t0, 3)}
+    with open(os.path.join(staging, "codes.json"), "w") as f:
+        json.dump(codes.tolist(), f)
+
+    # 3. code2wav: codes [T, K] -> waveform, one forward (generation runner)
+    t0 = time.perf_counter()
+    say("[3/3] code2wav: starting engine")
+    c2w = make_engine(os.path.join(md, "code2wav"), kind=GENERATION, device=cfg.device,
+                      max_model_len=TALKER_MAX_MODEL_LEN, skip_tokenizer_init=True, seed=cfg.seed, **ENGINE_KW)
+    say(f"[3/3] code2wav: synthesising {codes.shape[0]} frames")
+    cparams = SamplingParams(max_tokens=1, detokenize=False, extra_args={EXTRA_ARGS_KEY: pack({"codes": codes})})
+    (cw,) = c2w.generate([{"prompt_token_ids": [0] * codes.shape[0]}], cparams, use_tqdm=False)
+    wav = cw.multimodal_outputs["waveform"]
+    sr = int(configs["code2wav"].get("sample_rate", 16000))
+    _write_wav(os.path.join(staging, "out.wav"), wav, sr)
+    stages["code2wav"] = {"frames": int(codes.shape[0]), "samples": int(wav.numel()), "sample_rate": sr,
+                          "audio_seconds": round(wav.numel() / sr, 3), "seconds": round(time.perf_counter() - t0, 3)}
+    say(f"done: {wav.numel() / sr:.2f} s of audio")
+    return {"prompt": cfg.prompt, "voice": cfg.voice, "seed": cfg.seed, "max_tokens": cfg.max_tokens,
+            "thinker_text": text, "stages": stages}
