@@ -127,11 +127,21 @@ class DriverUnderTest:
     distribution: str | None = None
     cls: type[Backend] | None = None
     problem: str | None = None
+    problem_contract: str | None = None
     probe: ProbeResult | None = None
     backend: Backend | None = None
     instantiate_error: str | None = None
     present: bool = False
     absent_reason: str = ""
+
+    def fail_if_unusable(self) -> None:
+        """Raise (a :class:`ContractViolation` where a contract is broken) if the
+        driver could not be loaded; do nothing otherwise."""
+        if not self.problem:
+            return
+        if self.problem_contract:
+            raise ContractViolation(self.problem_contract, f"the registry refused driver {self.name!r}: {self.problem}")
+        raise LookupError(f"driver {self.requested!r} cannot be used: {self.problem}")
 
     def describe(self) -> dict[str, Any]:
         """JSON-able header of a kit report: driver, versions, interface version, capabilities."""
@@ -194,6 +204,9 @@ def load_driver(requested: str) -> DriverUnderTest:
     dut.problem = registry.problem_of(entry)
     if dut.problem or entry.cls is None:
         dut.problem = dut.problem or f"entry point {entry.value!r} did not load"
+        if entry.incompatible:
+            version = "interface version" in entry.incompatible
+            dut.problem_contract = "interface-version" if version else "interface-completeness"
         return dut
     dut.cls = entry.cls
     dut.probe = entry.cls.probe()

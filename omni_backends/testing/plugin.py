@@ -108,8 +108,7 @@ def backend(driver_under_test):
     instantiated; skips, with the probe's reason, when its device is absent.
     """
     dut = driver_under_test
-    if dut.problem:
-        pytest.fail(f"driver {dut.requested!r} cannot be used: {dut.problem}", pytrace=False)
+    dut.fail_if_unusable()
     if dut.backend is None:
         from omni_backends.testing.kit import check_interface
 

@@ -12,8 +12,7 @@ pytestmark = pytest.mark.device_tier
 
 @pytest.fixture(scope="module")
 def driver_cls(driver_under_test):
-    if driver_under_test.problem:
-        pytest.fail(f"driver {driver_under_test.requested!r} cannot be used: {driver_under_test.problem}", pytrace=False)
+    driver_under_test.fail_if_unusable()
     return driver_under_test.cls
 
 

@@ -87,3 +87,14 @@ VARIANTS = {
     "simdev-broken-sampler": ("omni_simdev_broken:TieBreakingSampler", "sampler-equivalence",
                               "test_sampler.py::test_greedy_ties"),
 }
+
+
+class OldInterface(SimDevBackend):
+    """speaks only an interface version this omni-backends does not (the registry refuses it)."""
+
+    name = "simdev-broken-version"
+    interface_versions = (99,)
+
+
+VARIANTS["simdev-broken-version"] = ("omni_simdev_broken:OldInterface", "interface-version",
+                                     "test_interface.py::test_every_abstract_method_is_implemented")
