@@ -237,10 +237,11 @@ class FencedHostBuffer:
         Stream-ordered before the next kernel on the current stream. ``n``
         counts rows of dimension 0; ``None`` copies everything.
         """
-        cpu, gpu = self._buf.cpu, self._buf.gpu
-        if n is not None:
-            cpu, gpu = cpu[:n], gpu[:n]
-        gpu.copy_(cpu, non_blocking=True)
+        buf = self._buf
+        if n is None:
+            gpu = buf.gpu.copy_(buf.cpu, non_blocking=True)
+        else:
+            gpu = buf.gpu[:n].copy_(buf.cpu[:n], non_blocking=True)
         self._event.record()
         self._pending = True
         return gpu
@@ -305,6 +306,11 @@ class StaticGraph:
     new input values must be written in place into ``static_inputs`` (e.g.
     ``x.copy_(new)`` or ``Backend.copy_to_device`` into a persistent buffer);
     outputs are the same tensors (:attr:`outputs`) every replay, overwritten.
+
+    Graphs sharing a ``pool`` must be replayed in the order they were
+    captured (torch's rule: a later capture may reuse an earlier capture's
+    freed intermediates, so replaying the earlier graph afterwards can
+    overwrite the later graph's outputs).
 
     With ``debug=True`` (or ``check=True`` on one call), :meth:`replay` takes
     the inputs the caller believes it is feeding and raises

@@ -88,7 +88,13 @@ def test_fresh_tensor_is_detected_in_debug_mode(graph_backend, torch_mod):
 
 
 def test_shared_pool_and_buffer_fed_graph(graph_backend, torch_mod, pinned_pair):
-    """Two graphs share one pool; inputs arrive through the driver's buffer copy."""
+    """Two graphs share one pool; inputs arrive through the driver's buffer copy.
+
+    Graphs in one pool are replayed in capture order (torch's rule for shared
+    pools: a later capture may reuse an earlier one's freed intermediates, so
+    replaying an earlier graph after a later one can overwrite the later
+    graph's outputs -- the first H200 run of this test, replaying out of
+    order, showed exactly that)."""
     torch = torch_mod
     dev = graph_backend.device()
     step = _decode_step(torch, dev)
@@ -102,7 +108,8 @@ def test_shared_pool_and_buffer_fed_graph(graph_backend, torch_mod, pinned_pair)
         buf.cpu.copy_(host)
         graph_backend.copy_to_device(buf)
         small.copy_(buf.gpu[:4])
-        out_big, out_small = g_big.replay(), g_small.replay()
+        out_small = g_small.replay()  # capture order: small, then big
+        out_big = g_big.replay()
         graph_backend.synchronize()
         ref = step(host.to(dev))
         torch.testing.assert_close(out_big, ref, rtol=1e-4, atol=1e-4)
