@@ -30,7 +30,7 @@ import abc
 import contextlib
 import dataclasses
 import enum
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Iterator, Mapping
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
@@ -320,6 +320,34 @@ class Backend(abc.ABC):
     def graph_pool_handle(self) -> Any:
         """A memory-pool handle shared by several captures (``torch.cuda.graph_pool_handle``)."""
         raise NotImplementedError(f"driver {self.name!r} has no static graphs")
+
+    # ---------------------------------------------------------- distributed
+    def distributed_backend(self) -> str:
+        """The ``torch.distributed`` backend name vLLM's distributed init must
+        receive in every rank (``nccl`` / ``hccl`` / ``xccl`` or ``ccl`` / ``gloo``).
+        Default: :attr:`dist_backend`; a driver whose name depends on the
+        installed stack (XPU) overrides it. Raises
+        :class:`~omni_backends.errors.OmniBackendError` when no backend is available."""
+        return self.dist_backend
+
+    def device_for_rank(self, local_rank: int, world_size: int, env: Mapping[str, str] | None = None,
+                        device_count: int | None = None) -> Any:
+        """The device local rank ``local_rank`` of ``world_size`` binds: an
+        :class:`omni_backends.placement.RankDevice` (visible ``index``, the
+        ``device_id`` behind it, ``env`` for a child that should see only that
+        device, ``dist_backend``). Reads :attr:`visible_devices_env` from ``env``
+        (default ``os.environ``; never written). ``device_count`` defaults to
+        :meth:`device_count` when the variable is unset. Raises
+        :class:`omni_backends.placement.PlacementError` ("needs K devices, only M
+        visible", malformed or duplicated entries)."""
+        import os
+
+        from omni_backends.placement import device_for_rank
+
+        env = os.environ if env is None else env
+        if device_count is None and self.visible_devices_env is not None and self.visible_devices_env not in env:
+            device_count = self.device_count()
+        return device_for_rank(self, local_rank, world_size, env, device_count)
 
     # ------------------------------------------------------ forward context
     @abc.abstractmethod

@@ -1,0 +1,371 @@
+"""Rank -> device mapping per driver, as values handed to each rank.
+
+A multi-process run (vLLM's multiprocess or Ray executor, tensor/pipeline
+parallel) starts one worker per rank. Every rank must bind a distinct device
+among those the driver's visible-devices variable
+(:attr:`~omni_backends.backend.Backend.visible_devices_env`) lists, in the
+order the device runtime numbers them, and must talk through the driver's
+distributed backend (:meth:`~omni_backends.backend.Backend.distributed_backend`).
+
+Everything here is a pure function of its arguments: the environment is
+passed in as a mapping and read, never written (``os.environ`` of the parent
+is not touched), and no module state is kept, so engines started
+concurrently in threads each get their own answer.
+
+Visible-devices syntax, per variable (the rules are keyed by the variable, so
+an out-of-tree driver that uses one of these variables gets the same rules):
+
+``CUDA_VISIBLE_DEVICES``
+    comma-separated GPU ordinals or ``GPU-``/``MIG-`` UUIDs; the listed
+    order *is* the device order (``"1,0"``: index 0 is physical GPU 1).
+    ``""`` or ``"-1"`` hides every GPU.
+``ASCEND_RT_VISIBLE_DEVICES``
+    comma-separated NPU logical ids; CANN accepts them in ascending order
+    only, so a descending list is refused rather than guessed.
+``ZE_AFFINITY_MASK``
+    comma-separated ``device`` or ``device.sub-device`` (``card.tile``)
+    entries. Level Zero filters devices with the mask but keeps its own
+    enumeration order, so entries must be ascending. With
+    ``ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE`` tiles of one card are one device
+    (``"0.0,0.1"`` = one device, card 0 with two tiles); in ``FLAT`` (the
+    default) and ``COMBINED`` mode every tile already is a device with its
+    own flat id and the ``card.tile`` form is refused.
+
+An unset variable means "all devices of the host"; then the caller passes
+the device count (the probe's ``device_count`` in a parent that must not
+initialise the runtime, ``Backend.device_count()`` inside a worker).
+A driver without a variable (``cpu``) has one device that every rank shares.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from omni_backends.errors import OmniBackendError
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from omni_backends.backend import Backend
+
+
+class PlacementError(OmniBackendError):
+    """A rank cannot be given a device of its own (too few visible devices,
+    a malformed or duplicated visible-devices entry, a binding that differs
+    from the mapping, or a different distributed backend)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class VisibleDevices:
+    """The devices one process may use, in the runtime's index order.
+
+    ``ids``: one entry per device index (a physical ordinal, a UUID, or for
+    composite Level Zero devices the mask entries of one card joined by
+    ``","``). ``variable`` / ``value``: where they came from (``value`` is
+    ``None`` when the variable is unset). ``exclusive``: False when every rank
+    shares the one device (drivers without a visible-devices variable).
+    """
+
+    ids: tuple[str, ...]
+    variable: str | None
+    value: str | None
+    exclusive: bool = True
+
+    def describe(self) -> str:
+        if self.variable is None:
+            return "the driver has no visible-devices variable; all ranks share its one device"
+        if self.value is None:
+            return f"{self.variable} is unset: all {len(self.ids)} device(s) of the host"
+        return f"{self.variable}={self.value!r}"
+
+
+@dataclasses.dataclass(frozen=True)
+class RankDevice:
+    """What one local rank binds.
+
+    - ``local_rank``: the rank's index on this host (vLLM's ``local_rank``).
+    - ``index``: the device index in a process that keeps the parent's
+      visible list, i.e. ``torch.device(device_type, index)``.
+    - ``device_id``: the visible-list entry behind ``index`` (physical id,
+      UUID or ``card.tile`` entries); ``"0"`` on a shared device.
+    - ``env``: variables for a child that should see *only* this device
+      (then its index is 0); empty for a shared device. Merge it into the
+      child's environment; the parent's is not changed.
+    - ``device_type`` / ``dist_backend``: from the driver
+      (``Backend.device_type``, ``Backend.distributed_backend()``).
+    """
+
+    local_rank: int
+    index: int
+    device_id: str
+    env: Mapping[str, str]
+    device_type: str
+    dist_backend: str
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["env"] = dict(self.env)
+        return d
+
+
+# ------------------------------------------------------------------ parsing
+_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+(/\d+/\d+)?$")
+_ORDINAL = re.compile(r"^\d+$")
+_ZE_ENTRY = re.compile(r"^(\d+)(?:\.(\d+))?$")
+
+
+def _split(variable: str, value: str) -> list[str]:
+    entries = [e.strip() for e in value.split(",")]
+    if any(not e for e in entries):
+        raise PlacementError(f"{variable}={value!r} has an empty entry; list device ids separated by single commas")
+    return entries
+
+
+def _refuse_duplicates(variable: str, value: str, keys: list[str]) -> None:
+    seen: set[str] = set()
+    for k in keys:
+        if k in seen:
+            raise PlacementError(
+                f"{variable}={value!r} lists device {k} twice; two ranks would share it (and the runtime may then "
+                f"hide every device). List each device once."
+            )
+        seen.add(k)
+
+
+def _refuse_descending(variable: str, value: str, ordinals: list[int], why: str) -> None:
+    if ordinals != sorted(ordinals):
+        raise PlacementError(
+            f"{variable}={value!r} is not in ascending order; {why} Write it as "
+            f"{','.join(str(o) for o in sorted(ordinals))!r} and order ranks with the rank index instead."
+        )
+
+
+def _check_range(variable: str, value: str, ordinals: list[int], device_count: int | None) -> None:
+    if device_count is None:
+        return
+    over = [o for o in ordinals if o >= device_count]
+    if over:
+        raise PlacementError(
+            f"{variable}={value!r} names device(s) {', '.join(map(str, over))} but the host has {device_count} "
+            f"(ids 0..{device_count - 1}); fix {variable}."
+        )
+
+
+def _parse_cuda(variable: str, value: str, env: Mapping[str, str], device_count: int | None) -> tuple[str, ...]:
+    if value.strip() in ("", "-1"):
+        return ()
+    entries = _split(variable, value)
+    for e in entries:
+        if not (_ORDINAL.match(e) or _UUID.match(e)):
+            raise PlacementError(
+                f"{variable}={value!r}: entry {e!r} is neither a GPU ordinal nor a GPU-/MIG- UUID (CUDA would "
+                f"silently ignore it and every entry after it); fix {variable}."
+            )
+    keys = [str(int(e)) if _ORDINAL.match(e) else e for e in entries]
+    _refuse_duplicates(variable, value, keys)
+    _check_range(variable, value, [int(k) for k in keys if k.isdigit()], device_count)
+    return tuple(keys)
+
+
+def _parse_ascend(variable: str, value: str, env: Mapping[str, str], device_count: int | None) -> tuple[str, ...]:
+    if value.strip() == "":
+        return ()
+    entries = _split(variable, value)
+    for e in entries:
+        if not _ORDINAL.match(e):
+            raise PlacementError(
+                f"{variable}={value!r}: entry {e!r} is not an NPU id (CANN reads only the ids before it); "
+                f"fix {variable}."
+            )
+    ordinals = [int(e) for e in entries]
+    _refuse_duplicates(variable, value, [str(o) for o in ordinals])
+    _refuse_descending(variable, value, ordinals, "CANN supports only ascending device ids here.")
+    _check_range(variable, value, ordinals, device_count)
+    return tuple(str(o) for o in ordinals)
+
+
+def _parse_ze(variable: str, value: str, env: Mapping[str, str], device_count: int | None) -> tuple[str, ...]:
+    if value.strip() == "":
+        return ()
+    hierarchy = (env.get("ZE_FLAT_DEVICE_HIERARCHY") or "FLAT").strip().upper()
+    entries = _split(variable, value)
+    parsed: list[tuple[int, int | None]] = []
+    for e in entries:
+        m = _ZE_ENTRY.match(e)
+        if not m:
+            raise PlacementError(
+                f"{variable}={value!r}: entry {e!r} is not 'device' or 'device.sub-device' (e.g. 0 or 0.1); "
+                f"fix {variable}."
+            )
+        parsed.append((int(m.group(1)), None if m.group(2) is None else int(m.group(2))))
+    if any(tile is not None for _, tile in parsed) and hierarchy != "COMPOSITE":
+        raise PlacementError(
+            f"{variable}={value!r} uses the card.tile form, which names a tile of a composite device; with "
+            f"ZE_FLAT_DEVICE_HIERARCHY={hierarchy} every tile is a device of its own. List flat device ids "
+            f"(e.g. 0,1), or set ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE."
+        )
+    _refuse_duplicates(variable, value, entries)
+    cards = [card for card, _ in parsed]
+    _refuse_descending(
+        variable, value, cards, "Level Zero keeps its own device order whatever the mask's order, so a "
+        "descending mask would not map ranks the way it reads."
+    )
+    # tiles of one card: the card listed whole and by tile, or one tile twice, is a clash
+    by_card: dict[int, list[int | None]] = {}
+    for card, tile in parsed:
+        tiles = by_card.setdefault(card, [])
+        if tiles and (tile is None or None in tiles):
+            raise PlacementError(
+                f"{variable}={value!r} lists card {card} both whole and by tile; list either the card or its tiles."
+            )
+        tiles.append(tile)
+    _check_range(variable, value, sorted(by_card), device_count)
+    # one device per card: its entries, re-joined (the exact mask to hand a child for that device)
+    return tuple(",".join(str(card) if tile is None else f"{card}.{tile}" for tile in tiles)
+                 for card, tiles in by_card.items())
+
+
+def _parse_generic(variable: str, value: str, env: Mapping[str, str], device_count: int | None) -> tuple[str, ...]:
+    if value.strip() == "":
+        return ()
+    entries = _split(variable, value)
+    _refuse_duplicates(variable, value, entries)
+    _check_range(variable, value, [int(e) for e in entries if _ORDINAL.match(e)], device_count)
+    return tuple(entries)
+
+
+#: visible-devices variable -> parser(variable, value, env, device_count) -> ids in index order
+PARSERS: Mapping[str, Callable[[str, str, Mapping[str, str], int | None], tuple[str, ...]]] = {
+    "CUDA_VISIBLE_DEVICES": _parse_cuda,
+    "ASCEND_RT_VISIBLE_DEVICES": _parse_ascend,
+    "ZE_AFFINITY_MASK": _parse_ze,
+}
+
+
+# ------------------------------------------------------------------ mapping
+def visible_devices(backend: "Backend | type[Backend]", env: Mapping[str, str],
+                    device_count: int | None = None) -> VisibleDevices:
+    """The devices ``backend``'s variable makes visible in ``env`` (read only).
+
+    ``device_count``: devices on the host, needed when the variable is unset
+    (and used to refuse ids past the end when given). Raises
+    :class:`PlacementError` for a malformed, duplicated or (Ascend, Level
+    Zero) descending list, or an unset variable without ``device_count``.
+    """
+    variable = backend.visible_devices_env
+    if variable is None:
+        return VisibleDevices(("0",), None, None, exclusive=False)
+    value = env.get(variable)
+    if value is None:
+        if device_count is None:
+            raise PlacementError(
+                f"{variable} is unset and the number of {backend.name} devices is unknown; pass device_count "
+                f"(the probe's device_count) or set {variable}."
+            )
+        return VisibleDevices(tuple(str(i) for i in range(device_count)), variable, None)
+    parse = PARSERS.get(variable, _parse_generic)
+    return VisibleDevices(parse(variable, value, env, device_count), variable, value)
+
+
+def _need(backend: "Backend | type[Backend]", world_size: int, visible: VisibleDevices) -> None:
+    if not isinstance(world_size, int) or world_size < 1:
+        raise PlacementError(f"world_size must be a positive int, got {world_size!r}")
+    if visible.exclusive and world_size > len(visible.ids):
+        raise PlacementError(
+            f"needs {world_size} {backend.name} devices (one per rank), only {len(visible.ids)} visible "
+            f"({visible.describe()}). Lower tensor_parallel_size x pipeline_parallel_size to "
+            f"{len(visible.ids) or 'a count of visible devices'}, or make more devices visible in {visible.variable}."
+        )
+
+
+def _dist_backend(backend: "Backend | type[Backend]") -> str:
+    method = getattr(backend, "distributed_backend", None)
+    if callable(method) and not isinstance(backend, type):
+        return method()
+    return backend.dist_backend
+
+
+def device_for_rank(backend: "Backend | type[Backend]", local_rank: int, world_size: int,
+                    env: Mapping[str, str], device_count: int | None = None) -> RankDevice:
+    """The device local rank ``local_rank`` of ``world_size`` binds, given ``env``.
+
+    Rank ``r`` gets visible index ``r``: the ``r``-th entry of the driver's
+    visible list, so the list's order is the rank order. Pure: reads ``env``,
+    keeps no state. Raises :class:`PlacementError` "needs K devices, only M
+    visible" when ``world_size`` exceeds the visible devices of an exclusive
+    driver, for a rank outside ``[0, world_size)``, and for a bad list (see
+    :func:`visible_devices`).
+    """
+    visible = visible_devices(backend, env, device_count)
+    _need(backend, world_size, visible)
+    if not isinstance(local_rank, int) or not 0 <= local_rank < world_size:
+        raise PlacementError(f"local_rank must be in [0, {world_size}), got {local_rank!r}")
+    if not visible.exclusive:
+        return RankDevice(local_rank, 0, visible.ids[0], {}, backend.device_type, _dist_backend(backend))
+    device_id = visible.ids[local_rank]
+    child_env = {visible.variable: device_id} if visible.variable else {}
+    if visible.variable == "ZE_AFFINITY_MASK" and "ZE_FLAT_DEVICE_HIERARCHY" in env:
+        child_env["ZE_FLAT_DEVICE_HIERARCHY"] = env["ZE_FLAT_DEVICE_HIERARCHY"]
+    return RankDevice(local_rank, local_rank, device_id, child_env, backend.device_type, _dist_backend(backend))
+
+
+def plan(backend: "Backend | type[Backend]", world_size: int, env: Mapping[str, str],
+         device_count: int | None = None) -> tuple[RankDevice, ...]:
+    """:func:`device_for_rank` for every local rank ``0..world_size-1``: distinct
+    devices on an exclusive driver. Raises :class:`PlacementError` when short."""
+    visible = visible_devices(backend, env, device_count)
+    _need(backend, world_size, visible)
+    return tuple(device_for_rank(backend, r, world_size, env, device_count) for r in range(world_size))
+
+
+# -------------------------------------------------------- worker-side checks
+def check_worker_binding(backend: "Backend", local_rank: int, world_size: int, bound_device: Any,
+                         env: Mapping[str, str]) -> RankDevice:
+    """In a worker, after vLLM's ``init_device``: check that the device vLLM bound
+    (``bound_device``, a ``torch.device``) is the one the mapping gives this
+    rank, and that the default process group uses the driver's distributed
+    backend (``torch.distributed.get_backend()``, when initialised).
+
+    Returns the rank's :class:`RankDevice`. Raises :class:`PlacementError`
+    naming both sides on a mismatch.
+    """
+    expected = device_for_rank(backend, local_rank, world_size, env, device_count=backend.device_count())
+    got_type = getattr(bound_device, "type", None)
+    got_index = getattr(bound_device, "index", None) or 0
+    if got_type != expected.device_type or (expected.env and got_index != expected.index):
+        raise PlacementError(
+            f"local rank {local_rank} is bound to {bound_device} but driver {backend.name!r} maps it to "
+            f"{expected.device_type}:{expected.index} (visible id {expected.device_id}); check that every rank "
+            f"sees the same {backend.visible_devices_env} as the parent."
+        )
+    got_dist = distributed_backend_in_use()
+    if got_dist is not None and got_dist != expected.dist_backend:
+        raise PlacementError(
+            f"vLLM initialised torch.distributed with backend {got_dist!r} but driver {backend.name!r} uses "
+            f"{expected.dist_backend!r}; vLLM resolved another platform than the driver (check VLLM_TARGET_DEVICE "
+            f"/ VLLM_PLUGINS in the worker's environment)."
+        )
+    return expected
+
+
+def distributed_backend_in_use() -> str | None:
+    """``torch.distributed.get_backend()`` of the default group, or None when
+    torch.distributed is not initialised in this process."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return str(dist.get_backend())
+
+
+__all__ = [
+    "PARSERS",
+    "PlacementError",
+    "RankDevice",
+    "VisibleDevices",
+    "check_worker_binding",
+    "device_for_rank",
+    "distributed_backend_in_use",
+    "plan",
+    "visible_devices",
+]
