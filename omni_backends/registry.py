@@ -266,10 +266,12 @@ def discover() -> tuple[dict[str, DriverEntry], list[str]]:
     entries: dict[str, DriverEntry] = {}
     for name, targets in declared.items():
         value, dist = targets[0]
-        entry = DriverEntry(name=name, value=value, distribution=dist)
         dists = sorted({d or "?" for _, d in targets})
-        if len(targets) > 1:
+        entry = DriverEntry(name=name, value=value, distribution=", ".join(dists))
+        if len(targets) > 1:  # ambiguous: neither class is trusted (which one loaded is arbitrary)
             entry.duplicate_of = [f"{d} ({v})" for v, d in targets]
+            entries[name] = entry
+            continue
         if name in failures:
             entry.load_error, entry.load_traceback = failures[name]
         elif name in loaded:

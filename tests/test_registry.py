@@ -465,3 +465,11 @@ def test_worker_with_garbled_parent_selection_gets_a_clear_error(tmp_path, cache
     assert proc.returncode == 0, proc.stderr
     err = json.loads(proc.stdout)["error"]
     assert "OMNI_BACKENDS_SELECTION" in err and "parent" in err
+
+
+def test_duplicate_row_names_both_distributions_and_claims_no_priority(tmp_path, cache_home):
+    site = _site(tmp_path, fake_dup_one={"dup": FAKE + "TieABackend"},
+                 fake_dup_two={"dup": FAKE + "UsableLowBackend"})
+    dup = driver(devices_json(site, cache_home), "dup")
+    assert dup["distribution"] == "fake-dup-one, fake-dup-two"
+    assert dup["priority"] is None and dup["probe"] is None and "identity" not in dup
