@@ -20,6 +20,7 @@ from omni_backends.backend import Backend, ProbeState, Verification
 from omni_backends.errors import DeviceNotUsableError, OmniBackendError
 from simulated import vendor_signatures as vs
 from simulated.device import CopyEngine, SimCpuGpuBuffer
+from simulated.metadata import fake_dists
 
 FULL, PIECEWISE, NONE = (types.SimpleNamespace(name=n) for n in ("FULL", "PIECEWISE", "NONE"))
 
@@ -240,18 +241,8 @@ def test_selecting_npu_fails_before_any_engine_starts(name):
     assert exc.value.probe is not None and not exc.value.probe.usable
 
 
-def _fake_dists(tmp_path, monkeypatch, versions):
-    """Real dist-info directories for ``versions`` first on sys.path (fake metadata)."""
-    site = tmp_path / "site"
-    for dist, version in versions.items():
-        info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
-        info.mkdir(parents=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
-    monkeypatch.syspath_prepend(str(site))
-
-
 def test_version_gate_reports_installed_required_and_what_to_install(tmp_path, monkeypatch):
-    _fake_dists(tmp_path, monkeypatch,
+    fake_dists(tmp_path, monkeypatch,
                 {"vllm-ascend": "0.22.0", "torch-npu": "2.10.0.post4", "torch": "2.10.0", "vllm": "0.23.0"})
     probe = AscendBackend.probe()
     assert not probe.usable
@@ -261,7 +252,7 @@ def test_version_gate_reports_installed_required_and_what_to_install(tmp_path, m
 
 
 def test_version_gate_passes_then_cann_is_what_is_missing(tmp_path, monkeypatch):
-    _fake_dists(tmp_path, monkeypatch,
+    fake_dists(tmp_path, monkeypatch,
                 {"vllm-ascend": "0.23.0.post1", "torch-npu": "2.10.0.post4", "torch": "2.10.0", "vllm": "0.23.0"})
     monkeypatch.setattr(ascend, "find_shared_library", lambda name, dirs=(): None)
     probe = AscendBackend.probe()

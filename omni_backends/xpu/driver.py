@@ -84,10 +84,13 @@ IPEX = VendorSymbol("intel_extension_for_pytorch", "", dist="intel-extension-for
 
 def xpu_graphs_supported() -> bool:
     """True when this torch can capture XPU graphs: vLLM's ``supports_xpu_graph()``
-    (torch >= 2.11) and ``torch.xpu.XPUGraph`` exists."""
+    (torch >= 2.11), ``torch.xpu.XPUGraph`` exists and ``torch.xpu.is_available()``
+    (a torch without an XPU build still has ``torch.xpu.XPUGraph``, as a stub
+    that raises when instantiated)."""
     import torch
 
-    return bool(SUPPORTS_XPU_GRAPH.resolve()()) and hasattr(getattr(torch, "xpu", None), "XPUGraph")
+    txpu = getattr(torch, "xpu", None)
+    return bool(SUPPORTS_XPU_GRAPH.resolve()()) and hasattr(txpu, "XPUGraph") and bool(txpu.is_available())
 
 
 def ipex_status(versions: dict[str, str | None] | None = None) -> tuple[bool, str]:
