@@ -126,6 +126,15 @@ def bench_copies(backend, torch, reps, sizes):
             ev.synchronize()
             return time.perf_counter() - t0
 
+        def h2d_raw_ev():  # the raw copy plus the guard the contract needs (vLLM's prepare_inputs_event pattern)
+            backend.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                gpu.copy_(cpu, non_blocking=True)
+                ev.record()
+            ev.synchronize()
+            return time.perf_counter() - t0
+
         def h2d_drv():
             backend.synchronize()
             t0 = time.perf_counter()
@@ -151,9 +160,10 @@ def bench_copies(backend, torch, reps, sizes):
             buf.cpu  # noqa: B018 - the guarded read waits for the copies
             return time.perf_counter() - t0
 
-        for fn in (h2d_raw, h2d_drv, d2h_raw, d2h_drv):
+        for fn in (h2d_raw, h2d_raw_ev, h2d_drv, d2h_raw, d2h_drv):
             fn()  # warm
         hr, hd = _median_pair(h2d_raw, h2d_drv, reps)
+        he, hd2 = _median_pair(h2d_raw_ev, h2d_drv, reps)
         dr, dd = _median_pair(d2h_raw, d2h_drv, reps)
         # correctness of the measured path: the last copy landed
         cpu.copy_(torch.arange(n, dtype=torch.float32))
@@ -162,10 +172,30 @@ def bench_copies(backend, torch, reps, sizes):
         rows.append({
             "bytes": nbytes, "iters": iters,
             "h2d_raw_GBps": nbytes * iters / hr / 1e9, "h2d_driver_GBps": nbytes * iters / hd / 1e9, "h2d_ratio": hr / hd,
+            "h2d_raw_event_GBps": nbytes * iters / he / 1e9, "h2d_ratio_vs_raw_event": he / hd2,
             "d2h_raw_GBps": nbytes * iters / dr / 1e9, "d2h_driver_GBps": nbytes * iters / dd / 1e9, "d2h_ratio": dr / dd,
         })
         del buf, cpu, gpu
     return rows
+
+
+def bench_event_record(torch, n=20000):
+    """Host cost of one event record (the per-copy price of the copy contract), generic vs CUDA event."""
+    out = {}
+    for name, make in (("torch.Event", lambda: torch.Event(device="cuda")), ("torch.cuda.Event", torch.cuda.Event)):
+        ev = make()
+        for _ in range(100):
+            ev.record()
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                ev.record()
+            best = min(best, time.perf_counter() - t0)
+            torch.cuda.synchronize()
+        out[name] = best / n * 1e6
+    return out
 
 
 def _fmt_bytes(n):
@@ -203,23 +233,27 @@ def main(argv=None):
     graph = [bench_graph(backend, torch, reps, iters=500),
              bench_graph(backend, torch, reps, iters=2000, hidden=256, layers=1)]
     copies = bench_copies(backend, torch, reps, sizes)
+    events = bench_event_record(torch)
 
     lines = [f"{env['date_utc']} UTC, {env['device']}, torch {env['torch']} (CUDA {env['cuda']}), `{env['command']}`", ""]
     lines += ["| graph path | raw replay µs | driver replay µs | driver speed / raw |", "|---|---|---|---|"]
     lines += [f"| {g['what']} | {g['raw_us']:.1f} | {g['driver_us']:.1f} | {g['ratio']:.3f}x |" for g in graph]
-    lines += ["", "| size | H2D raw GB/s | H2D driver GB/s | H2D ratio | D2H raw GB/s | D2H driver GB/s | D2H ratio |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "| size | H2D raw GB/s | H2D driver GB/s | H2D ratio | H2D raw+event GB/s | H2D ratio vs raw+event "
+              "| D2H raw GB/s | D2H driver GB/s | D2H ratio |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [
         f"| {_fmt_bytes(r['bytes'])} | {r['h2d_raw_GBps']:.3f} | {r['h2d_driver_GBps']:.3f} | {r['h2d_ratio']:.3f}x | "
+        f"{r['h2d_raw_event_GBps']:.3f} | {r['h2d_ratio_vs_raw_event']:.3f}x | "
         f"{r['d2h_raw_GBps']:.3f} | {r['d2h_driver_GBps']:.3f} | {r['d2h_ratio']:.3f}x |"
         for r in copies
     ]
+    lines += ["", "| event record, µs per call | torch.Event | torch.cuda.Event |", "|---|---|---|",
+              f"| host wall time, 20000 records | {events['torch.Event']:.2f} | {events['torch.cuda.Event']:.2f} |"]
     text = "\n".join(lines)
     print(text)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "bench_cuda.json"), "w") as f:
-            json.dump({"env": env, "graph": graph, "copies": copies}, f, indent=1)
+            json.dump({"env": env, "graph": graph, "copies": copies, "event_record_us": events}, f, indent=1)
         with open(os.path.join(args.out, "bench_cuda.md"), "w") as f:
             f.write(text + "\n")
     return 0
