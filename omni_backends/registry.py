@@ -670,7 +670,15 @@ def verify_worker_selection(env: dict[str, str] | None = None) -> Selection:
             f"{ENV_SELECTION} holds no valid selection from the parent process ({exc}): {raw[:200]!r}. It is "
             f"written by omni_backends.select() in the parent; unset it to let this process select on its own."
         ) from exc
-    sel = select(parent["name"] if parent else None, export=False, flag_name=ENV_SELECTION)
+    try:
+        sel = select(parent["name"] if parent else None, export=False, flag_name=ENV_SELECTION)
+    except OmniBackendError as exc:  # this rank cannot run the parent's driver: say both sides
+        if not parent:
+            raise
+        raise OmniBackendError(
+            f"worker process cannot use the driver the parent selected, {parent['name']!r} (versions "
+            f"{parent.get('versions')}, fingerprint {parent['fingerprint']}); in this worker: {exc}"
+        ) from exc
     if parent and (parent["name"] != sel.name or parent["fingerprint"] != sel.fingerprint):
         raise OmniBackendError(
             f"worker process resolved driver {sel.name!r} (versions {sel.versions}, fingerprint {sel.fingerprint}) "
