@@ -36,7 +36,8 @@ print(json.dumps({"after_import": after_import, "after_devices": loaded(), "rc":
 
 
 def test_import_and_devices_import_no_vendor_stack_nor_torch(tmp_path):
-    site = make_site(tmp_path, FAKES)
+    # a command plugin that imports torch at module level must not be loaded for `devices`
+    site = make_site(tmp_path, FAKES, commands={"fake-heavy-cmd": {"heavy": "fake_commands_heavy:add"}})
     proc = python(DEVICES_WITHOUT_TORCH % VENDOR, site, tmp_path / "cache")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
