@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-import numpy as np
 import torch
 
 EXTRA_ARGS_KEY = "omni_payload"
@@ -28,7 +27,7 @@ def pack(payload: dict[str, Any]) -> dict[str, Any]:
     for key, value in payload.items():
         if isinstance(value, torch.Tensor):
             t = value.detach().to("cpu").contiguous()
-            raw = t.view(torch.uint8) if t.dtype == torch.bfloat16 else t
+            raw = t.reshape(-1).view(torch.uint8) if t.dtype == torch.bfloat16 else t  # numpy has no bfloat16
             out[key] = {_TENSOR: [str(t.dtype).removeprefix("torch."), list(t.shape)], "data": raw.numpy().tobytes()}
         else:
             out[key] = value
@@ -42,10 +41,8 @@ def unpack(packed: dict[str, Any] | None) -> dict[str, Any]:
         if isinstance(value, dict) and _TENSOR in value:
             dtype_name, shape = value[_TENSOR]
             dtype = getattr(torch, dtype_name)
-            np_dtype = np.uint8 if dtype == torch.bfloat16 else torch.empty(0, dtype=dtype).numpy().dtype
-            arr = np.frombuffer(bytes(value["data"]), dtype=np_dtype).copy()
-            t = torch.from_numpy(arr)
-            t = t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
+            data = bytearray(value["data"])  # an owned, writable copy
+            t = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
             out[key] = t.reshape(shape)
         else:
             out[key] = value
