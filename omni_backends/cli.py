@@ -191,7 +191,16 @@ def _load_plugin_commands(sub: Any) -> list[str]:
     return errors
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
+#: commands defined here; running one of them loads no command plugin.
+BUILTIN_COMMANDS = ("devices",)
+
+
+def build_parser(plugins: bool = True) -> tuple[argparse.ArgumentParser, list[str]]:
+    """The argument parser and the command-plugin load errors.
+
+    With ``plugins`` the commands registered under ``omni_backends.commands``
+    are added too (imports their modules); without, only the built-in ones.
+    """
     parser = argparse.ArgumentParser(
         prog="omni-backends", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -207,7 +216,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
     p.add_argument("--json", action="store_true",
                    help="print the report as JSON (keys: interface_version, notes, drivers[], selection)")
     p.set_defaults(func=_cmd_devices)
-    errors = _load_plugin_commands(sub)
+    errors = _load_plugin_commands(sub) if plugins else []
     return parser, errors
 
 
@@ -217,9 +226,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     0 success; 1 ``devices`` found no driver to select; 2 usage error or an
     :class:`~omni_backends.errors.OmniBackendError` (printed as one line, after
     the original traceback when a driver failed to import); 130 interrupted.
-    A command plugin that fails to load is a warning, never fatal.
+    A command plugin that fails to load is a warning, never fatal; built-in
+    commands (``devices``) load no command plugin at all.
     """
-    parser, load_errors = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # a built-in command (devices) must not pay for, or break on, another command's imports
+    parser, load_errors = build_parser(plugins=not (argv and argv[0] in BUILTIN_COMMANDS))
     args = parser.parse_args(argv)
     for e in load_errors:
         print(f"omni-backends: warning: {e}", file=sys.stderr)

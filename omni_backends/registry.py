@@ -4,19 +4,31 @@ Drivers are entry points in the group ``omni_backends.drivers`` whose object
 is a :class:`~omni_backends.backend.Backend` subclass. Discovery loads them
 through ``stevedore.ExtensionManager`` with an ``on_load_failure_callback``
 that records every failure (nothing is swallowed: ``devices`` shows it, and
-selecting that driver re-raises it with the original traceback).
+selecting that driver re-raises it as :class:`DriverLoadError` with the
+original exception and traceback chained). ``importlib.metadata`` is the
+source of truth for what is installed: a corrupt or stale stevedore
+entry-point cache is detected, bypassed and reported in the notes. A name
+claimed by two distributions, an object that is not a ``Backend`` subclass,
+or a driver without :data:`~omni_backends.backend.INTERFACE_VERSION` is
+recorded as the driver's problem and refused.
 
 Selection precedence (first that applies decides):
 
 1. an explicit name (``select(device=...)``, the CLI's ``--device``);
+   if ``OMNI_BACKENDS_DEVICE`` names another driver, the report notes that
+   the flag overrides it;
 2. ``OMNI_BACKENDS_DEVICE`` in the environment;
 3. auto-detect: probe every loaded driver; among the *usable* ones the
    highest ``priority`` wins; equal priorities break by name (alphabetical),
-   and the report says a tie was broken.
+   and the report says a tie was broken. A driver whose vendor package
+   imports but sees no device is not usable.
 
-``auto`` as a name means rule 3. The selection is made once per process
-under a lock; a second call returns the same result, and a call asking for
-a different driver raises.
+Names and aliases are case-insensitive (``ascend`` = ``npu``). ``auto`` as
+an explicit name means rule 3 (and overrides the variable). The selection is
+made once per process under a lock; later calls from any thread return the
+same result and driver instance, a call asking for a different driver
+raises, and a call from inside a selection (a driver's probe or constructor)
+raises instead of recursing.
 """
 
 from __future__ import annotations
