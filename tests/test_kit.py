@@ -103,8 +103,12 @@ def test_example_driver_passes_the_device_tier(kit_runs):
                for t in doc["tests"])
 
 
-@pytest.mark.parametrize("variant", ["missing", "graph", "copy", "sampler", "version"])
-def test_broken_variant_fails_naming_the_contract(kit_runs, broken_module, variant):
+@pytest.mark.parametrize(
+    "variant, detail",
+    [("missing", "abstract method(s) to_host"), ("graph", "left the captured output stale"),
+     ("copy", "an in-flight source was reused"), ("sampler", "on tied logits"), ("version", "version(s) [99]")],
+)
+def test_broken_variant_fails_naming_the_contract(kit_runs, broken_module, variant, detail):
     name = f"simdev-broken-{variant}"
     _target, contract, must_fail = broken_module.VARIANTS[name]
     doc = kit_runs[name]
@@ -117,6 +121,7 @@ def test_broken_variant_fails_naming_the_contract(kit_runs, broken_module, varia
     others = [(t["nodeid"], t["reason"]) for t in failures if t not in named]
     assert named and not others, f"failures not naming '{contract}': {others}"
     assert f"conformance contract '{contract}' broken" in doc["stdout"]
+    assert any(detail in t["reason"] for t in named), [t["reason"] for t in named]
 
 
 def test_a_broken_variant_breaks_only_its_contract(kit_runs):
