@@ -95,7 +95,6 @@ class Candidate:
     probe: ProbeResult | None
     problem: str | None = None  # load failure / duplicate / incompatible
     verification: list[str] = dataclasses.field(default_factory=list)
-    capabilities: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -449,7 +448,7 @@ def _decide(
             raise DeviceNotUsableError(
                 f"device {name!r} was requested ({rule}) but is not usable here: {probe.reason.rstrip('.')}."
                 + (f" To fix: {probe.fix}." if probe.fix else "")
-                + (f" Error: {probe.error.strip()}" if probe.error else "")
+                + (f" Error: {probe.error.strip().splitlines()[-1]}" if probe.error else "")
                 + f" Or choose another device (`omni-backends devices` lists them).",
                 probe=probe,
             )
