@@ -38,6 +38,7 @@ import inspect
 import json
 import os
 import tarfile
+import textwrap
 import zipfile
 from typing import Any, Iterable, Iterator
 
@@ -668,8 +669,12 @@ class InstalledResolver:
             raise _Missing("import-error", f"importing {sym.module} failed: {type(exc).__name__}: {exc}") from exc
         except Exception as exc:  # OSError from a vendor's native libs, RuntimeError, ...
             raise _Missing("import-error", f"importing {sym.module} failed: {type(exc).__name__}: {exc}") from exc
-        for part in sym.attr.split(".") if sym.attr else ():
+        parts = sym.attr.split(".") if sym.attr else []
+        for i, part in enumerate(parts):
             if not hasattr(obj, part):
+                last = i == len(parts) - 1
+                if last and sym.kind == "attribute" and isinstance(obj, type) and _assigns_instance_attr(obj, part):
+                    return _where(obj), None, "instance attribute"
                 raise _Missing("missing-symbol", f"{getattr(obj, '__name__', obj)!s} has no {part!r}")
             obj = getattr(obj, part)
         where = _where(obj)
@@ -679,6 +684,21 @@ class InstalledResolver:
             return where, _installed_params(obj), "callable"
         except (TypeError, ValueError) as exc:
             raise _Unverifiable(f"no signature for {sym.qualname}: {exc}") from exc
+
+
+def _assigns_instance_attr(cls: type, name: str) -> bool:
+    """True if a method of ``cls`` or a base assigns ``self.<name>`` (read from source)."""
+    for klass in cls.__mro__:
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for t in targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" and t.attr == name:
+                    return True
+    return False
 
 
 def _where(obj: Any) -> str:
