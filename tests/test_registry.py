@@ -473,3 +473,26 @@ def test_duplicate_row_names_both_distributions_and_claims_no_priority(tmp_path,
     dup = driver(devices_json(site, cache_home), "dup")
     assert dup["distribution"] == "fake-dup-one, fake-dup-two"
     assert dup["priority"] is None and dup["probe"] is None and "identity" not in dup
+
+
+def test_driver_added_without_changing_stevedore_cache_key_is_still_found(tmp_path, cache_home):
+    """stevedore keys its cache on entry_points.txt mtimes packed as 32-bit floats (~128 s
+    resolution today), so a reinstall within that window leaves a stale cache. Reproduce it
+    by rewriting entry_points.txt and restoring its mtime."""
+    if sys.executable.startswith("/tmp"):
+        pytest.skip(f"stevedore never writes its cache for interpreters under /tmp ({sys.executable})")
+    import os
+
+    site = _site(tmp_path, fake_low={"usable-low": FAKE + "UsableLowBackend"})
+    path = _populate(site, cache_home)
+    before = path.read_text()
+    eps = next(site.glob("fake_low-*.dist-info")) / "entry_points.txt"
+    stat = eps.stat()
+    eps.write_text(eps.read_text() + "tie-a = fake_drivers:TieABackend\n")
+    os.utime(eps, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert cache_file(site, cache_home) == path  # same key: stevedore will serve the old list
+    rep = devices_json(site, cache_home)
+    assert path.read_text() == before  # stevedore did not notice
+    assert driver(rep, "tie-a")["probe"]["usable"]
+    assert rep["selection"]["selected"] == "tie-a"
+    assert any("stale" in n and "tie-a" in n for n in rep["notes"]), rep["notes"]
