@@ -55,7 +55,7 @@ DRIFT_KINDS = (
     "import-error",
 )
 #: finding kinds that are reported but are not drift.
-NOTE_KINDS = ("not-checked", "unverifiable", "kwargs-only")
+NOTE_KINDS = ("not-checked", "unverifiable", "kwargs-only", "guarded-import")
 
 _VAR_KINDS = ("var_positional", "var_keyword")
 
@@ -232,6 +232,7 @@ class SourceTree:
         self.path = path
         self.label = os.path.basename(os.path.normpath(path))
         self._files: dict[str, Any] = {}  # relpath -> loader
+        self._native: set[str] = set()  # relpaths (no suffix) of compiled extension modules
         self._cache: dict[str, str | None] = {}
         self.versions: dict[str, str] = {}
         if os.path.isdir(path):
@@ -242,17 +243,23 @@ class SourceTree:
                 for f in files:
                     full = os.path.join(root, f)
                     rel = base + os.path.relpath(full, path).replace(os.sep, "/")
-                    if f.endswith(".py") or f in ("METADATA", "PKG-INFO"):
+                    if f.endswith((".so", ".pyd")):
+                        self._native.add(_native_name(rel))
+                    elif f.endswith(".py") or f in ("METADATA", "PKG-INFO"):
                         self._files[rel] = (lambda p=full: open(p, encoding="utf-8", errors="replace").read())
         elif zipfile.is_zipfile(path):
             zf = zipfile.ZipFile(path)
             for n in zf.namelist():
-                if n.endswith(".py") or n.endswith("/METADATA") or n.endswith("PKG-INFO"):
+                if n.endswith((".so", ".pyd")):
+                    self._native.add(_native_name(n))
+                elif n.endswith(".py") or n.endswith("/METADATA") or n.endswith("PKG-INFO"):
                     self._files[n] = (lambda n=n: zf.read(n).decode("utf-8", errors="replace"))
         elif tarfile.is_tarfile(path):
             tf = tarfile.open(path)
             for m in tf.getmembers():
-                if m.isfile() and (m.name.endswith(".py") or m.name.endswith("PKG-INFO")):
+                if m.isfile() and m.name.endswith((".so", ".pyd")):
+                    self._native.add(_native_name(m.name))
+                elif m.isfile() and (m.name.endswith(".py") or m.name.endswith("PKG-INFO")):
                     self._files[m.name] = (lambda m=m: tf.extractfile(m).read().decode("utf-8", errors="replace"))
         else:
             raise ValueError(f"--source {path!r} is neither a directory, a zip/wheel nor a tar sdist")
@@ -297,6 +304,17 @@ class SourceTree:
                 return cand
         return None
 
+    def is_native(self, module: str) -> bool:
+        """True if ``module`` or a parent is a compiled extension (contents not readable)."""
+        parts = module.split(".")
+        prefix = self._roots.get(parts[0])
+        if prefix is None:
+            return False
+        for i in range(1, len(parts) + 1):
+            if "/".join(([prefix] if prefix else []) + parts[:i]) in self._native:
+                return True
+        return False
+
     def read(self, rel: str) -> str:
         return self._files[rel]()
 
@@ -312,6 +330,12 @@ class SourceTree:
     def describe(self) -> str:
         vs = ", ".join(f"{k} {v}" for k, v in sorted(self.versions.items()))
         return f"{self.path}" + (f" ({vs})" if vs else "")
+
+
+def _native_name(rel: str) -> str:
+    """``pkg/_C.cpython-311-x86_64-linux-gnu.so`` -> ``pkg/_C``."""
+    head, _, base = rel.replace(os.sep, "/").rpartition("/")
+    return (head + "/" if head else "") + base.split(".", 1)[0]
 
 
 @dataclasses.dataclass
@@ -410,6 +434,10 @@ class SourceResolver:
     def covers(self, module: str) -> bool:
         return self._tree_for(module.split(".")[0]) is not None
 
+    def native(self, module: str) -> bool:
+        tree = self._tree_for(module.split(".")[0])
+        return tree is not None and tree.is_native(module)
+
     def index(self, module: str) -> _ModuleIndex | None:
         if module not in self._index:
             tree = self._tree_for(module.split(".")[0])
@@ -432,6 +460,8 @@ class SourceResolver:
         _seen = _seen | {key}
         if not self.covers(module):
             raise _Unverifiable(f"{module} is outside the given sources")
+        if self.native(module):
+            raise _Unverifiable(f"{module} is (inside) a compiled extension module")
         idx = self.index(module)
         if idx is None:
             raise _Missing("missing-module", f"module {module} does not exist")
@@ -518,6 +548,8 @@ class SourceResolver:
         """(vendor file:line, signature params or None, what it is). Raises _Missing/_Unverifiable."""
         if not self.covers(sym.module):
             raise _Unverifiable(f"{sym.module.split('.')[0]} is not in the given sources")
+        if self.native(sym.module):
+            raise _Unverifiable(f"{sym.module} is (inside) a compiled extension module")
         idx = self.index(sym.module)
         if idx is None:
             raise _Missing("missing-module", f"module {sym.module} does not exist in {self.describe()}")
@@ -796,14 +828,38 @@ def check_declarations(driver: str, declared: Iterable[Declared], resolver: Any)
 
 
 # ------------------------------------------------- vendor's own import drift
+def _guards(tree: ast.Module) -> dict[int, str]:
+    """id(node) -> why an import is guarded: inside ``try:``, ``if TYPE_CHECKING:``,
+    or an ``if``/``else`` whose test names a version (``vllm_version_is(...)``)."""
+    out: dict[int, str] = {}
+
+    def mark(body: list[ast.stmt], why: str) -> None:
+        for stmt in body:
+            for n in ast.walk(stmt):
+                out.setdefault(id(n), why)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try):
+            mark(node.body, "guarded by try")
+        elif isinstance(node, ast.If):
+            test = ast.unparse(node.test)
+            if "TYPE_CHECKING" in test:
+                mark(node.body, "type checking only")
+            elif "version" in test.lower():
+                mark(node.body + node.orelse, f"version-gated by `if {test}`")
+    return out
+
+
 def vendor_import_drift(vendor: SourceTree, package: str, upstream: SourceResolver) -> list[Finding]:
     """Names a vendor package imports from an upstream package that the upstream lacks.
 
     Walks every ``from <upstream top> ... import name`` in ``package`` (the
     vendor's own code, e.g. ``vllm_ascend`` importing from ``vllm``) and
     resolves it in ``upstream``. Returns ``missing-module``/``missing-symbol``
-    findings whose ``declared_at`` is the vendor's ``file:line``; imports
-    inside ``try:`` blocks are reported with ``(guarded by try)``.
+    findings whose ``declared_at`` is the vendor's ``file:line``. An import
+    that is guarded (``try:``, ``if TYPE_CHECKING:``, an ``if`` on a version)
+    is reported as kind ``guarded-import`` (a note, not drift), saying which
+    guard; imports from compiled extension modules cannot be read and are skipped.
     """
     out: list[Finding] = []
     for rel in vendor.python_files(package):
@@ -811,21 +867,24 @@ def vendor_import_drift(vendor: SourceTree, package: str, upstream: SourceResolv
             tree = ast.parse(vendor.read(rel))
         except SyntaxError:
             continue
-        guarded: set[int] = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Try):
-                for sub in node.body:
-                    guarded.update(id(n) for n in ast.walk(sub))
+        guards = _guards(tree)
         for node in ast.walk(tree):
             if not (isinstance(node, ast.ImportFrom) and node.module and not node.level):
                 continue
-            if not upstream.covers(node.module) or node.module.split(".")[0] == package:
+            if not upstream.covers(node.module) or node.module.split(".")[0] == package or upstream.native(node.module):
                 continue
-            note = " (guarded by try)" if id(node) in guarded else ""
+            guard = guards.get(id(node))
             at = f"{rel}:{node.lineno}"
+
+            def add(kind: str, target: str, message: str) -> None:
+                if guard:
+                    out.append(Finding(package, target.rpartition(".")[2], target, "guarded-import",
+                                       f"{message} ({guard}; {kind})", at))
+                else:
+                    out.append(Finding(package, target.rpartition(".")[2], target, kind, message, at))
+
             if upstream.index(node.module) is None:
-                out.append(Finding(package, node.module, node.module, "missing-module",
-                                   f"module {node.module} does not exist upstream{note}", at))
+                add("missing-module", node.module, f"module {node.module} does not exist upstream")
                 continue
             for a in node.names:
                 if a.name == "*":
@@ -833,7 +892,7 @@ def vendor_import_drift(vendor: SourceTree, package: str, upstream: SourceResolv
                 try:
                     upstream.lookup(node.module, a.name)
                 except _Missing as exc:
-                    out.append(Finding(package, a.name, f"{node.module}.{a.name}", exc.kind, f"{exc}{note}", at))
+                    add(exc.kind, f"{node.module}.{a.name}", str(exc))
                 except _Unverifiable:
                     pass
     return out
@@ -898,9 +957,12 @@ def render_text(report: dict[str, Any]) -> str:
             if f.get("vendor_at"):
                 lines.append(f"      vendor: {f['vendor_at']}")
     for v in report.get("vendor_imports", []):
-        lines.append(f"\nvendor {v['package']} imports vs {v['against']}: {len(v['findings'])} broken import(s)")
-        for f in v["findings"]:
-            lines.append(f"  [{f['kind']}] {f['target']}: {f['message']}  at {f['declared_at']}")
+        broken = [f for f in v["findings"] if f["drift"]]
+        lines.append(f"\nvendor {v['package']} ({v['source']}) imports vs {v['against']}: {len(broken)} broken "
+                     f"import(s), {len(v['findings']) - len(broken)} guarded")
+        for f in sorted(v["findings"], key=lambda f: (not f["drift"], f["declared_at"])):
+            tag = f["kind"] if f["drift"] else f"note: {f['kind']}"
+            lines.append(f"  [{tag}] {f['target']}: {f['message']}  at {f['declared_at']}")
     lines.append("")
     lines.append("result: " + ("DRIFT (exit 1)" if report["drift"] else "no drift"))
     return "\n".join(lines)
@@ -920,7 +982,7 @@ def _cmd_check_drift(args: argparse.Namespace) -> int:
                 {"package": pkg, "source": vendor.describe(), "against": upstream.describe(),
                  "findings": [f.to_json() for f in found]}
             )
-            report["drift"] = report["drift"] or bool(found)
+            report["drift"] = report["drift"] or any(f.drift for f in found)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

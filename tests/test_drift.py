@@ -201,16 +201,23 @@ def test_vendor_import_drift_names_the_vendor_file_and_line(tmp_path):
     plugin = _write(tmp_path / "plugin", {"fakeplugin/__init__.py": "", "fakeplugin/mod.py": '''
         from fakevendor.ctx import Wrapper, set_ctx
         from fakevendor.ctx import gone_name
+        from fakevendor.nomodule import y
         try:
             from fakevendor.nomodule import x
         except ImportError:
             x = None
+        if vendor_version_is("1.0"):
+            from fakevendor.ctx import old_name
         '''})
     found = drift.vendor_import_drift(drift.SourceTree(str(plugin)), "fakeplugin", upstream)
-    got = sorted((f.kind, f.target, f.declared_at) for f in found)
-    assert got == [("missing-module", "fakevendor.nomodule", "fakeplugin/mod.py:4"),
-                   ("missing-symbol", "fakevendor.ctx.gone_name", "fakeplugin/mod.py:2")]
-    assert "guarded by try" in next(f.message for f in found if f.kind == "missing-module")
+    got = sorted((f.kind, f.target, f.declared_at, f.drift) for f in found)
+    assert got == [("guarded-import", "fakevendor.ctx.old_name", "fakeplugin/mod.py:9", False),
+                   ("guarded-import", "fakevendor.nomodule", "fakeplugin/mod.py:5", False),
+                   ("missing-module", "fakevendor.nomodule", "fakeplugin/mod.py:3", True),
+                   ("missing-symbol", "fakevendor.ctx.gone_name", "fakeplugin/mod.py:2", True)]
+    messages = {f.declared_at: f.message for f in found}
+    assert "guarded by try" in messages["fakeplugin/mod.py:5"]
+    assert "version-gated by `if vendor_version_is('1.0')`" in messages["fakeplugin/mod.py:9"]
 
 
 # ------------------------------------------------------------- the real drivers
