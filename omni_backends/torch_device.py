@@ -273,10 +273,12 @@ def copy_host_to_device(buffer: Any, n: int | None = None) -> Any:
     (its event), which keeps the promise "the caller may rewrite ``cpu`` right
     after" at the price of a host wait. Returns the device slice.
     """
-    import torch
-
+    if type(buffer) is FencedHostBuffer:  # the hot path: no import, no subclass walk
+        return buffer.copy_to_gpu(n)
     if isinstance(buffer, FencedHostBuffer):
         return buffer.copy_to_gpu(n)
+    import torch
+
     cpu, gpu = buffer.cpu, buffer.gpu
     if n is not None:
         cpu, gpu = cpu[:n], gpu[:n]
