@@ -117,48 +117,28 @@ def bench_copies(backend, torch, reps, sizes):
         iters = max(5, min(2000, int(4e-3 * 50e9 / nbytes)))
         ev = torch.Event(device=dev)
 
-        def h2d_raw():
-            backend.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                gpu.copy_(cpu, non_blocking=True)
+        def loop(op, finish):
+            """A timed run: ``iters`` x ``op()``, then ``finish()`` (the wait that makes the data complete)."""
+
+            def run():
+                backend.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    op()
+                finish()
+                return time.perf_counter() - t0
+
+            return run
+
+        def raw_h2d_event():  # the raw copy plus the guard the contract needs (vLLM's prepare_inputs_event pattern)
+            gpu.copy_(cpu, non_blocking=True)
             ev.record()
-            ev.synchronize()
-            return time.perf_counter() - t0
 
-        def h2d_raw_ev():  # the raw copy plus the guard the contract needs (vLLM's prepare_inputs_event pattern)
-            backend.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                gpu.copy_(cpu, non_blocking=True)
-                ev.record()
-            ev.synchronize()
-            return time.perf_counter() - t0
-
-        def h2d_drv():
-            backend.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                backend.copy_to_device(buf)
-            buf.wait_host()
-            return time.perf_counter() - t0
-
-        def d2h_raw():
-            backend.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                cpu.copy_(gpu, non_blocking=True)
-            ev.record()
-            ev.synchronize()
-            return time.perf_counter() - t0
-
-        def d2h_drv():
-            backend.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                buf.copy_to_cpu()
-            buf.cpu  # noqa: B018 - the guarded read waits for the copies
-            return time.perf_counter() - t0
+        h2d_raw = loop(lambda: gpu.copy_(cpu, non_blocking=True), lambda: (ev.record(), ev.synchronize()))
+        h2d_raw_ev = loop(raw_h2d_event, ev.synchronize)
+        h2d_drv = loop(lambda: backend.copy_to_device(buf), buf.wait_host)
+        d2h_raw = loop(lambda: cpu.copy_(gpu, non_blocking=True), lambda: (ev.record(), ev.synchronize()))
+        d2h_drv = loop(lambda: buf.copy_to_cpu(), lambda: buf.cpu)  # the guarded read waits for the copies
 
         for fn in (h2d_raw, h2d_raw_ev, h2d_drv, d2h_raw, d2h_drv):
             fn()  # warm

@@ -88,6 +88,10 @@ def test_probe_states(monkeypatch):
     assert r.state is ProbeState.IMPORTABLE and "torch 2.11.0" in r.reason
     r = _probe_with(monkeypatch, vllm="0.33.0", gpus=1, visible="")
     assert r.state is ProbeState.IMPORTABLE and "hides every GPU" in r.reason
+    r = _probe_with(monkeypatch, vllm="0.33.0", gpus=2, visible="3")
+    assert r.state is ProbeState.IMPORTABLE and "(2 present)" in r.reason and "below 2" in r.fix
+    r = _probe_with(monkeypatch, vllm="0.33.0", gpus=4, visible="2,0")
+    assert r.state is ProbeState.USABLE and r.device_count == 2
     r = _probe_with(monkeypatch, vllm=None, gpus=1)
     assert r.state is ProbeState.NOT_INSTALLED and r.device_count == 1
 
@@ -132,3 +136,12 @@ def test_fence_buffer_rejects_unpinned_and_host_device():
     b = CudaBackend()
     with pytest.raises(ValueError, match="must be pinned"):
         b.fence_buffer(types.SimpleNamespace(cpu=torch.zeros(4), gpu=torch.zeros(4)))
+
+
+@pytest.mark.parametrize(
+    "visible,present,want",
+    [("", 2, 0), ("-1", 2, 0), ("0", 2, 1), ("1,0", 2, 2), ("0,5,1", 2, 1), ("0,0", 2, 1), (" 1 , 0 ", 2, 2),
+     ("GPU-3f2a,1", 2, 2), ("x", 2, 0), ("2", 2, 0)],
+)
+def test_visible_gpu_count(visible, present, want):
+    assert cuda_driver.visible_gpu_count(visible, present) == want

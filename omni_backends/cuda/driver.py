@@ -92,6 +92,29 @@ def nvidia_gpu_count() -> tuple[int, str]:
         return 0, how
 
 
+def visible_gpu_count(visible: str, present: int) -> int:
+    """GPUs a CUDA process will see under ``CUDA_VISIBLE_DEVICES=visible`` when ``present`` exist.
+
+    CUDA's rule: comma-separated indices or ``GPU-``/``MIG-`` UUIDs, read up to
+    the first invalid entry (an index out of range, a negative number, an
+    unparsable one); duplicates make the list invalid from there on. UUIDs
+    are counted as valid (checking them needs NVML handles).
+    """
+    seen: set[str] = set()
+    for raw in visible.split(","):
+        entry = raw.strip()
+        if entry.startswith(("GPU-", "MIG-")):
+            key = entry
+        elif entry.isdigit() and int(entry) < present:
+            key = str(int(entry))
+        else:
+            break
+        if key in seen:
+            break
+        seen.add(key)
+    return len(seen)
+
+
 class CudaBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
     """NVIDIA GPUs through vLLM's CUDA platform (see the module docstring for every binding)."""
 
@@ -127,9 +150,13 @@ class CudaBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
                 return ProbeResult(ProbeState.IMPORTABLE, f"vLLM is installed but no NVIDIA GPU is visible ({how})",
                                    versions, fix="run on a machine with an NVIDIA GPU and its driver loaded")
             visible = os.environ.get(cls.visible_devices_env or "", None)
-            if visible is not None and visible.strip() in ("", "-1"):
-                return ProbeResult(ProbeState.IMPORTABLE, f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU",
-                                   versions, fix="unset CUDA_VISIBLE_DEVICES or list a GPU index", device_count=0)
+            if visible is not None:
+                shown = visible_gpu_count(visible, count)
+                if shown == 0:
+                    return ProbeResult(ProbeState.IMPORTABLE,
+                                       f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU ({count} present)", versions,
+                                       fix=f"unset CUDA_VISIBLE_DEVICES or list a GPU index below {count}", device_count=0)
+                count = shown
             return ProbeResult(ProbeState.USABLE, f"{count} NVIDIA GPU(s) via {how}; vLLM {versions['vllm']}",
                                versions, device_count=count)
         except Exception as exc:  # a probe never raises
