@@ -25,6 +25,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import shlex
 import statistics
 import subprocess
@@ -51,16 +52,20 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _time_process(cmd: list[str], runs: int, env_factory=_env) -> list[float]:
-    times = []
+def _time_process(cmd: list[str], runs: int, env_factory=_env) -> tuple[list[float], list[float]]:
+    """(wall seconds, CPU seconds user+sys) of ``runs`` fresh processes running ``cmd``."""
+    times, cpu = [], []
     for _ in range(runs):
         env = env_factory()
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         times.append(time.perf_counter() - t0)
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
         if proc.returncode not in (0, 1):  # 1 = no driver would be selected; still a valid report
             raise SystemExit(f"{shlex.join(cmd)} failed ({proc.returncode}): {proc.stderr}")
-    return times
+    return times, cpu
 
 
 def _fresh_cache_env() -> dict[str, str]:
@@ -88,19 +93,23 @@ u = []
 for _ in range(1000):
     t0 = time.perf_counter(); registry.select(); u.append(time.perf_counter() - t0)
 print(json.dumps({"decide_median": statistics.median(t), "decide_min": min(t), "selected": sel.name,
+                  "decide_runs": len(t),
                   "first_select": first_select, "select_bound_median": statistics.median(u)}))
 """
 
 STOCK = "from vllm.platforms import current_platform; current_platform.device_type"
 
 
-def _stats(times: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(times), "min": min(times), "max": max(times), "n": len(times)}
+def _stats(measured: tuple[list[float], list[float]]) -> dict[str, float]:
+    times, cpu = measured
+    return {"median": statistics.median(times), "min": min(times), "max": max(times), "n": len(times),
+            "cpu_median": statistics.median(cpu)}
 
 
 def measure(runs: int, warm_runs: int, stock_runs: int) -> dict:
     _time_process([*_script(), "devices"], 2)  # warm the OS page cache and stevedore's cache
     out: dict = {
+        "load_before": os.getloadavg()[0],
         "cold_devices": _stats(_time_process([*_script(), "devices"], runs)),
         "cold_devices_empty_cache": _stats(_time_process([*_script(), "devices"], runs, _fresh_cache_env)),
         "python_startup": _stats(_time_process([sys.executable, "-c", "pass"], runs)),
@@ -115,6 +124,7 @@ def measure(runs: int, warm_runs: int, stock_runs: int) -> dict:
     warm = subprocess.run([sys.executable, "-c", WARM % warm_runs], env=_env(), capture_output=True, text=True,
                           check=True)
     out["warm"] = json.loads(warm.stdout)
+    out["load_after"] = os.getloadavg()[0]
     return out
 
 
@@ -126,29 +136,30 @@ def render(res: dict, command: str) -> str:
     lines = [
         HEADING,
         "",
-        f"Date: {res['date']} · host: {res['host']} · Python {res['python']} · CPU-only box (2 cores, shared with "
-        "other test runs, so figures are noisy).",
+        f"Date: {res['date']} · host: {res['host']} · Python {res['python']} · CPU-only box, {os.cpu_count()} "
+        f"cores shared with other engineers' test runs (1-min load average {res['load_before']:.1f} before, "
+        f"{res['load_after']:.1f} after), so wall times are noisy; CPU time is the steadier figure.",
         "",
         f"Command: `{command}`",
         "",
-        "| what | median | min | max | n |",
-        "|---|---|---|---|---|",
+        "| what | median wall | min | max | n | median CPU (user+sys) |",
+        "|---|---|---|---|---|---|",
         f"| `omni-backends devices`, fresh process, stevedore cache warm | {ms(c['median'])} | {ms(c['min'])} | "
-        f"{ms(c['max'])} | {c['n']} |",
+        f"{ms(c['max'])} | {c['n']} | {ms(c['cpu_median'])} |",
         f"| same, empty stevedore cache (fresh `$XDG_CACHE_HOME` per run) | {ms(e['median'])} | {ms(e['min'])} | "
-        f"{ms(e['max'])} | {e['n']} |",
+        f"{ms(e['max'])} | {e['n']} | {ms(e['cpu_median'])} |",
         f"| bare `python -c pass` (interpreter start-up) | {ms(py['median'])} | {ms(py['min'])} | {ms(py['max'])} | "
-        f"{py['n']} |",
+        f"{py['n']} | {ms(py['cpu_median'])} |",
     ]
     if "median" in stock:
         lines.append(
             f"| stock: fresh process, `vllm.platforms.current_platform.device_type` | {ms(stock['median'])} | "
-            f"{ms(stock['min'])} | {ms(stock['max'])} | {stock['n']} |"
+            f"{ms(stock['min'])} | {ms(stock['max'])} | {stock['n']} | {ms(stock['cpu_median'])} |"
         )
     lines += [
         f"| `registry.decide()` warm, in-process (discover + probe all + decide) | {ms(w['decide_median'])} | "
-        f"{ms(w['decide_min'])} | | |",
-        f"| `select()` once bound | {w['select_bound_median'] * 1e6:.2f} µs | | | 1000 |",
+        f"{ms(w['decide_min'])} | | {w['decide_runs']} | |",
+        f"| `select()` once bound | {w['select_bound_median'] * 1e6:.2f} µs | | | 1000 | |",
         "",
         f"- Goal cold `devices` <= {GOAL_S} s: **{'met' if c['median'] <= GOAL_S else 'NOT met'}** "
         f"({ms(c['median'])}; {ms(c['median'] - py['median'])} above interpreter start-up).",

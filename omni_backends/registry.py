@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import importlib.abc
 import importlib.metadata
 import inspect
@@ -123,6 +122,8 @@ class Selection:
     @property
     def fingerprint(self) -> str:
         """Hash of (driver, vendor versions, interface version): equal in every rank."""
+        import hashlib  # lazily: loading OpenSSL costs ~10 ms of every `devices` start-up
+
         blob = json.dumps([self.name, sorted(self.versions.items()), INTERFACE_VERSION])
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -160,9 +161,9 @@ def _entry_points_with_dists() -> dict[str, list[tuple[str, str | None]]]:
     out: dict[str, list[tuple[str, str | None]]] = {}
     for ep in importlib.metadata.entry_points(group=NAMESPACE):
         dist = ep.dist.name if getattr(ep, "dist", None) is not None else None
-        out.setdefault(ep.name, [])
-        if (ep.value, dist) not in out[ep.name]:
-            out[ep.name].append((ep.value, dist))
+        targets = out.setdefault(ep.name, [])
+        if (ep.value, dist) not in targets:
+            targets.append((ep.value, dist))
     return out
 
 
