@@ -496,3 +496,18 @@ def test_driver_added_without_changing_stevedore_cache_key_is_still_found(tmp_pa
     assert driver(rep, "tie-a")["probe"]["usable"]
     assert rep["selection"]["selected"] == "tie-a"
     assert any("stale" in n and "tie-a" in n for n in rep["notes"]), rep["notes"]
+
+
+def test_errors_survive_pickling_between_processes():
+    """vLLM's multiprocess engine ships worker exceptions by pickle: the probe must travel too."""
+    import pickle
+
+    from omni_backends.backend import ProbeResult, ProbeState
+    from omni_backends.errors import DeviceNotUsableError, OmniBackendError, UnknownDeviceError
+
+    probe = ProbeResult(ProbeState.IMPORTABLE, "no device", {"fake-vendor": "1.0"}, fix="plug it in")
+    err = pickle.loads(pickle.dumps(DeviceNotUsableError("device 'x' is not usable", probe=probe)))
+    assert str(err) == "device 'x' is not usable" and err.probe == probe
+    assert isinstance(err, OmniBackendError)
+    unknown = pickle.loads(pickle.dumps(UnknownDeviceError("unknown device 'tpu'")))
+    assert isinstance(unknown, ValueError) and str(unknown) == "unknown device 'tpu'"
