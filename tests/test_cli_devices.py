@@ -125,12 +125,17 @@ def test_command_plugins_load_and_a_broken_one_only_warns(tmp_path):
     site = make_site(
         tmp_path,
         {"fake-boom": {"boom": "fake_boom_oserror:X"}, "fake-low": {"usable-low": "fake_drivers:UsableLowBackend"}},
+        # "a-raises" and "a-dup" sort before "select-now": a failing plugin must not stop later ones
         commands={"fake-cmds": {"select-now": "fake_commands:add_select_now",
-                                "broken-cmd": "fake_commands_broken:add"}},
+                                "broken-cmd": "fake_commands_broken:add",
+                                "a-raises": "fake_commands:add_raises",
+                                "a-dup": "fake_commands:add_duplicate_devices"}},
     )
     ok = cli(["select-now", "--device", "USABLE-LOW"], site, tmp_path / "cache")
     assert ok.returncode == 0 and ok.stdout.strip() == "selected usable-low", ok.stderr
     assert "warning: command 'broken-cmd'" in ok.stderr and "not installed" in ok.stderr
+    assert "warning: command 'a-raises'" in ok.stderr and "broke while adding its parser" in ok.stderr
+    assert "warning: command 'a-dup'" in ok.stderr
     assert "devices" in cli(["--help"], site, tmp_path / "cache").stdout  # built-in command still there
     # a command that selects a driver whose import failed: one clear error plus the original traceback
     bad = cli(["select-now", "--device", "boom"], site, tmp_path / "cache")

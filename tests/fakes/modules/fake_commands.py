@@ -16,3 +16,11 @@ def _run(args) -> int:
 
     print("selected", omni_backends.select(args.device).name)
     return 0
+
+
+def add_raises(sub) -> None:
+    raise RuntimeError("fake command plugin broke while adding its parser")
+
+
+def add_duplicate_devices(sub) -> None:
+    sub.add_parser("devices", help="a plugin trying to replace a built-in command")
