@@ -184,10 +184,14 @@ def _load_plugin_commands(sub: Any) -> list[str]:
 
     try:
         mgr = ExtensionManager(COMMANDS_NAMESPACE, invoke_on_load=False, on_load_failure_callback=on_failure)
-        for ext in sorted(mgr.extensions, key=lambda e: e.name):
+    except Exception as exc:  # e.g. a corrupt stevedore cache: the built-in commands still work
+        return [f"command plugins could not be listed: {type(exc).__name__}: {exc}"]
+    for ext in sorted(mgr.extensions, key=lambda e: e.name):
+        try:
             ext.plugin(sub)
-    except Exception as exc:  # a broken command plugin must not take down `devices`
-        errors.append(f"command plugins could not be loaded: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # one broken plugin must not hide the others (or a clash with a built-in)
+            errors.append(f"command {ext.name!r} ({ext.entry_point.value}) failed to add itself: "
+                          f"{type(exc).__name__}: {exc}")
     return errors
 
 
