@@ -213,7 +213,7 @@ def test_selecting_xpu_fails_before_any_engine_starts():
 
 
 def test_version_gate_reports_installed_required_and_what_to_install(tmp_path, monkeypatch):
-    fake_dists(tmp_path, monkeypatch, {"vllm": "0.32.0", "torch": "2.13.0"})
+    fake_dists(tmp_path, monkeypatch, {"vllm": "0.32.0", "torch": "2.14.0+xpu"})
     probe = XpuBackend.probe()
     assert not probe.usable and probe.versions["vllm"] == "0.32.0"
     assert "vllm 0.32.0 is installed but vllm>=0.33,<0.34 is required" in probe.reason

@@ -119,7 +119,8 @@ class XpuBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
     dist_backend: ClassVar[str] = "xccl"
     visible_devices_env: ClassVar[str | None] = "ZE_AFFINITY_MASK"
     priority: ClassVar[int] = 80
-    vendor_requirements: ClassVar[dict[str, str]] = {"vllm": ">=0.33,<0.34", "torch": ">=2.10"}
+    #: vLLM 0.33.0 pins torch 2.14.0; XPU graphs need torch >= 2.11 (checked at run time).
+    vendor_requirements: ClassVar[dict[str, str]] = {"vllm": ">=0.33,<0.34", "torch": ">=2.14,<2.15"}
     verification = (Verification.STATIC, Verification.SIMULATED)
     vllm_device_type: ClassVar[str] = "xpu"
 
