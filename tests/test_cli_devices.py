@@ -144,3 +144,17 @@ def test_command_plugins_load_and_a_broken_one_only_warns(tmp_path):
     assert "fake_boom_oserror.py" in bad.stderr and "OSError: libfakehccl.so" in bad.stderr
     unknown = cli(["select-now", "--device", "tpu"], site, tmp_path / "cache")
     assert unknown.returncode == 2 and "unknown device 'tpu'" in unknown.stderr and "Traceback" not in unknown.stderr
+
+
+def test_command_plugins_survive_a_corrupt_stevedore_cache(tmp_path):
+    from fakes.sites import cache_file
+
+    site = make_site(tmp_path, {"fake-low": {"usable-low": "fake_drivers:UsableLowBackend"}},
+                     commands={"fake-cmds": {"select-now": "fake_commands:add_select_now"}})
+    path = cache_file(site, tmp_path / "cache")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\xff\xfe not a cache \x80")
+    proc = cli(["select-now", "--device", "usable-low"], site, tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "selected usable-low"
+    assert "stevedore" in proc.stderr and str(path.parent) in proc.stderr  # says which cache to delete
