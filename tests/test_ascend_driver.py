@@ -258,3 +258,23 @@ def test_version_gate_passes_then_cann_is_what_is_missing(tmp_path, monkeypatch)
     probe = AscendBackend.probe()
     assert not probe.usable and probe.state is ProbeState.INSTALLED
     assert "libhccl.so" in probe.reason and "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in probe.fix
+
+
+@pytest.mark.parametrize("device", ["npu", "ascend", "xpu"])
+def test_run_with_unusable_device_fails_before_vllm_is_imported(device):
+    """``omni-backends run --device npu|ascend|xpu`` exits with the probe's reason
+    before anything imports vLLM (so no engine can have started)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom omni_backends.cli import build_parser, main\n"
+            "parser, _ = build_parser()\n"
+            "if 'run' not in parser._subparsers._group_actions[0].choices: print('NO-RUN'); sys.exit(0)\n"
+            f"rc = main(['run', '--device', '{device}'])\n"
+            "print('RC', rc, 'VLLM-IMPORTED', 'vllm' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    if "NO-RUN" in out.stdout:
+        pytest.skip("the `run` command (core) is not installed")
+    assert "RC 2 VLLM-IMPORTED False" in out.stdout, out.stdout + out.stderr
+    assert f"device '{'npu' if device == 'ascend' else device}' was requested" in out.stderr
+    assert "not usable here" in out.stderr
