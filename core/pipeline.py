@@ -164,6 +164,7 @@ def run_pipeline(cfg: RunConfig, progress: Callable[[str], None] | None = None) 
     if not cfg.multiprocess:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # keep the progress lines readable
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries only our result
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from core.stage import prepare_device
 

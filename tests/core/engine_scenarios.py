@@ -45,6 +45,38 @@ def collect(outputs):
     return res
 
 
+TALKER_REQUESTS = [(7, 0, 4), (12, 3, 9), (5, 1, 6)]  # (prompt rows, voice, frames)
+
+
+def talker_batch(demo_dir: str) -> dict:
+    """3 talker requests (different lengths and voices) in one batch, then code2wav on each."""
+    import torch
+    from vllm import SamplingParams
+
+    from core.payloads import EXTRA_ARGS_KEY, pack
+    from core.stage import make_engine
+
+    g = torch.Generator().manual_seed(7)
+    hiddens = [torch.randn(n, 128, generator=g) for n, _, _ in TALKER_REQUESTS]
+    talker = make_engine(os.path.join(demo_dir, "talker"), device="cpu", skip_tokenizer_init=True, **ENGINE_KW)
+    prompts, params = [], []
+    for h, (n, voice, frames) in zip(hiddens, TALKER_REQUESTS):
+        prompts.append({"prompt_token_ids": [0] * n})
+        params.append(SamplingParams(max_tokens=frames, temperature=0.0, ignore_eos=True, detokenize=False,
+                                     extra_args={EXTRA_ARGS_KEY: pack({"thinker_hidden": h, "voice": voice})}))
+    outs = talker.generate(prompts, params, use_tqdm=False)
+    codes = [torch.cat([torch.tensor(o.outputs[0].token_ids)[:, None], o.multimodal_outputs["residual_codes"]], 1)
+             for o in outs]
+    c2w = make_engine(os.path.join(demo_dir, "code2wav"), kind="generation", device="cpu", skip_tokenizer_init=True,
+                      **ENGINE_KW)
+    wouts = c2w.generate([{"prompt_token_ids": [0] * c.shape[0]} for c in codes],
+                         [SamplingParams(max_tokens=1, detokenize=False, extra_args={EXTRA_ARGS_KEY: pack({"codes": c})})
+                          for c in codes], use_tqdm=False)
+    return {"requests": TALKER_REQUESTS, "hiddens": hiddens, "codes": codes,
+            "residual_rows": [o.multimodal_outputs["residual_codes"].shape[0] for o in outs],
+            "waveforms": [o.multimodal_outputs["waveform"] for o in wouts]}
+
+
 def payload_lifecycle(talker: str) -> dict:
     """Talker requests with payloads: one finishes, one is aborted mid-way."""
     import torch
@@ -104,6 +136,8 @@ def main(scenario: str, demo_dir: str, out: str) -> None:
         prompts, params = sampling_batch()
         result["outputs"] = collect(llm.generate(prompts[:4], params[:4], use_tqdm=False))
         result["workers"] = llm.collective_rpc("omni_state")
+    elif scenario == "talker-batch":
+        result.update(talker_batch(demo_dir))
     elif scenario == "payloads":
         result.update(payload_lifecycle(os.path.join(demo_dir, "talker")))
     else:

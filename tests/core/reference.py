@@ -1,0 +1,60 @@
+"""Plain-PyTorch reference implementations of the demo talker and code2wav.
+
+Independent of vLLM: transformers' ``LlamaForCausalLM`` (plain PyTorch) for
+the decoder stack and torch ops for the extra heads, all fp32, greedy.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def _load(stage_dir: str):
+    import transformers
+    from safetensors.torch import load_file
+
+    model = transformers.LlamaForCausalLM.from_pretrained(stage_dir, torch_dtype=torch.float32)
+    model.eval()
+    return model, load_file(os.path.join(stage_dir, "model.safetensors"))
+
+
+class ReferenceTalker:
+    def __init__(self, talker_dir: str):
+        self.model, self.w = _load(talker_dir)
+        self.k = self.model.config.num_codebooks
+
+    @torch.no_grad()
+    def generate(self, thinker_hidden: torch.Tensor, voice: int, n_frames: int) -> torch.Tensor:
+        """codes int64 ``[n_frames, K]``: codebook 0 greedy, 1..K-1 from the MTP head."""
+        w = self.w
+        prompt = thinker_hidden.float() @ w["thinker_proj.weight"].T
+        voice_row = w["voice_embed.weight"][voice]
+        emb = self.model.model.embed_tokens
+        codes = []
+        for _ in range(n_frames):
+            gen = emb(torch.tensor([c[0] for c in codes], dtype=torch.long)) if codes else prompt[:0]
+            x = torch.cat([prompt, gen]) + voice_row
+            h = self.model.model(inputs_embeds=x[None]).last_hidden_state[0, -1]
+            code0 = int(self.model.lm_head(h).argmax())
+            y = h + w["mtp.code0_embed.weight"][code0]
+            row = [code0]
+            for j in range(self.k - 1):
+                c = int((y @ w[f"mtp.heads.{j}.weight"].T).argmax())
+                row.append(c)
+                y = y + w[f"mtp.residual_embed.{j}.weight"][c]
+            codes.append(row)
+        return torch.tensor(codes, dtype=torch.int64)
+
+
+class ReferenceCode2Wav:
+    def __init__(self, code2wav_dir: str):
+        self.model, self.w = _load(code2wav_dir)
+
+    @torch.no_grad()
+    def synthesize(self, codes: torch.Tensor) -> torch.Tensor:
+        """waveform float32 ``[T * hop_length]``."""
+        x = sum(self.w[f"code_embeds.{k}.weight"][codes[:, k]] for k in range(codes.shape[1]))
+        h = self.model.model(inputs_embeds=x[None]).last_hidden_state[0]
+        return torch.tanh(h @ self.w["wave_head.weight"].T).reshape(-1)

@@ -1,0 +1,162 @@
+"""Issue 4: the main job on real vLLM (cpu driver)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tests.core.reference import ReferenceCode2Wav, ReferenceTalker
+
+pytestmark = [pytest.mark.engine_tier, pytest.mark.slow]
+
+CLI = [sys.executable, "-m", "omni_backends.cli"]
+
+
+def _env(**extra):
+    env = dict(os.environ)
+    env.pop("OMNI_BACKENDS_DEVICE", None)
+    env.pop("OMNI_BACKENDS_SELECTION", None)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.update(extra)
+    return env
+
+
+def test_talker_codes_and_waveform_equal_plain_pytorch(run_scenario, demo_dir):
+    r = run_scenario("talker-batch")
+    talker = ReferenceTalker(os.path.join(demo_dir, "talker"))
+    c2w = ReferenceCode2Wav(os.path.join(demo_dir, "code2wav"))
+    for h, (n, voice, frames), codes, wav in zip(r["hiddens"], r["requests"], r["codes"], r["waveforms"]):
+        expect = talker.generate(h, voice, frames)
+        assert codes.shape == (frames, 4)
+        assert torch.equal(codes.to(torch.int64), expect), (codes, expect)
+        ref_wav = c2w.synthesize(codes.to(torch.int64))
+        assert wav.shape == ref_wav.shape == (frames * 160,)
+        torch.testing.assert_close(wav, ref_wav, atol=1e-5, rtol=1e-5)
+
+
+def test_mtp_runs_once_per_decode_step_per_request(run_scenario):
+    r = run_scenario("talker-batch")
+    frames = [f for _, _, f in r["requests"]]
+    assert len(set(frames)) == 3 and len({v for _, v, _ in r["requests"]}) == 3
+    # one residual row per sampled codebook-0 token, per request
+    assert r["residual_rows"] == frames
+    # each request's residual codes are its own (the reference test pins the values)
+    firsts = {tuple(c[0, 1:].tolist()) for c in r["codes"]}
+    assert len(firsts) == 3
+
+
+def test_same_seed_gives_identical_wav_bytes(tmp_path, demo_dir):
+    outs, times = [], []
+    for i in range(2):
+        out = tmp_path / f"run{i}"
+        t0 = time.perf_counter()
+        p = subprocess.run(CLI + ["run", "--model-dir", demo_dir, "--out", str(out), "--seed", "5", "--max-tokens", "8",
+                                  "--prompt", "Hello omni", "--voice", "2", "--json"],
+                           capture_output=True, text=True, env=_env(), timeout=600)
+        times.append(time.perf_counter() - t0)
+        assert p.returncode == 0, p.stderr[-4000:]
+        summary = json.loads(p.stdout)
+        assert summary["device"]["selected"] == "cpu"
+        assert summary["stages"]["talker"]["generated_tokens"] == 16
+        assert "[1/3] thinker" in p.stderr and "[3/3] code2wav" in p.stderr  # progress
+        outs.append(out)
+    a, b = ((o / "out.wav").read_bytes() for o in outs)
+    assert len(a) == 44 + 16 * 160 * 2  # WAV header + 16 frames x 160 samples x int16
+    assert a == b
+    assert (outs[0] / "codes.json").read_text() == (outs[1] / "codes.json").read_text()
+    assert (outs[0] / "thinker.txt").read_text() == (outs[1] / "thinker.txt").read_text()
+    print(f"run wall times: {times[0]:.1f} s, {times[1]:.1f} s")
+
+
+def _bad(args, tmp_path, *, out_name="out", demo_dir=None):
+    out = tmp_path / out_name
+    cmd = CLI + ["run", "--out", str(out), *args]
+    if demo_dir:
+        cmd += ["--model-dir", demo_dir]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
+    assert p.returncode != 0
+    errors = [line for line in p.stderr.splitlines() if line.startswith("omni-backends: error:")]
+    assert len(errors) == 1, p.stderr[-3000:]
+    assert "Traceback" not in p.stderr
+    assert not out.exists() or not any(out.iterdir()), "no output files may be left behind"
+    leftovers = [n for n in os.listdir(tmp_path) if n.startswith(".omni-run-")]
+    assert not leftovers
+    return errors[0]
+
+
+@pytest.fixture()
+def broken_demo(tmp_path, demo_dir):
+    def make(mutate):
+        d = tmp_path / "broken"
+        shutil.copytree(demo_dir, d)
+        mutate(str(d))
+        return str(d)
+    return make
+
+
+def test_unknown_device(tmp_path):
+    msg = _bad(["--device", "tpu9"], tmp_path)
+    assert "unknown device 'tpu9'" in msg and "cpu" in msg
+
+
+def test_unusable_device(tmp_path):
+    msg = _bad(["--device", "cuda"], tmp_path)
+    assert "not usable here" in msg and "vLLM's CUDA build is not installed" in msg
+
+
+def test_empty_prompt(tmp_path, demo_dir):
+    assert "prompt is empty" in _bad(["--prompt", "  "], tmp_path, demo_dir=demo_dir)
+
+
+def test_prompt_longer_than_context(tmp_path, demo_dir):
+    msg = _bad(["--prompt", "omni " * 600], tmp_path, demo_dir=demo_dir)
+    assert "exceeds the thinker's context" in msg
+
+
+def test_voice_out_of_range(tmp_path, demo_dir):
+    assert "voice id 9 is out of range" in _bad(["--voice", "9"], tmp_path, demo_dir=demo_dir)
+
+
+def test_missing_weight_file(tmp_path, broken_demo):
+    d = broken_demo(lambda d: os.unlink(os.path.join(d, "talker", "model.safetensors")))
+    msg = _bad([], tmp_path, demo_dir=d)
+    assert "talker model: weight file" in msg and "missing" in msg
+
+
+def test_head_dim_the_device_cannot_run(tmp_path, broken_demo):
+    def shrink(d):
+        p = os.path.join(d, "thinker", "config.json")
+        cfg = json.load(open(p))
+        cfg["head_dim"] = 16
+        json.dump(cfg, open(p, "w"))
+    msg = _bad([], tmp_path, demo_dir=broken_demo(shrink))
+    assert "head_dim 16 cannot run on the cpu driver" in msg
+
+
+def test_missing_model_dir(tmp_path):
+    msg = _bad(["--model-dir", str(tmp_path / "nope")], tmp_path)
+    assert "does not exist" in msg and "demo-model create" in msg
+
+
+def test_output_dir_not_writable(tmp_path, demo_dir):
+    out = "/proc/omni-backends-out"  # not writable even for root (CI runs as root)
+    p = subprocess.run(CLI + ["run", "--out", out, "--model-dir", demo_dir], capture_output=True, text=True,
+                       env=_env(), timeout=300)
+    assert p.returncode != 0
+    assert "omni-backends: error: output directory /proc is not writable" in p.stderr, p.stderr[-2000:]
+    assert not os.path.exists(out)
+
+
+def test_output_path_is_a_file(tmp_path, demo_dir):
+    (tmp_path / "afile").write_text("x")
+    p = subprocess.run(CLI + ["run", "--out", str(tmp_path / "afile"), "--model-dir", demo_dir],
+                       capture_output=True, text=True, env=_env(), timeout=300)
+    assert p.returncode != 0 and "is not a directory" in p.stderr
+    assert (tmp_path / "afile").read_text() == "x"
