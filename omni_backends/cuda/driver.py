@@ -185,12 +185,17 @@ class CudaBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
     def graph_capture(self, graph: Any, pool: Any = None, stream: Any = None) -> ContextManager[Any]:
         """``torch.cuda.graph(graph, pool=pool, stream=stream)``: capture the block into ``graph``.
 
-        ``stream`` is a ``torch.cuda.Stream`` (``None``: torch's side capture
-        stream). Raises ``RuntimeError`` from CUDA if the block synchronizes or
+        ``stream`` is a ``torch.cuda.Stream`` or the ``torch.Stream`` that
+        :meth:`new_stream` returns (``None``: torch's side capture stream).
+        Raises ``RuntimeError`` from CUDA if the block synchronizes or
         allocates pinned host memory while capturing.
         """
         import torch
 
+        if stream is not None and not isinstance(stream, torch.cuda.Stream):
+            # the same CUDA stream seen through torch.cuda's class, which torch.cuda.graph expects
+            stream = torch.cuda.Stream(stream_id=stream.stream_id, device_index=stream.device_index,
+                                       device_type=stream.device_type)
         return torch.cuda.graph(graph, pool=pool, stream=stream)
 
     def graph_pool_handle(self) -> Any:

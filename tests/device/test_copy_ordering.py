@@ -98,3 +98,16 @@ def test_device_to_host_through_fenced_buffer(device_backend, torch_mod, pinned_
         host = buf.np  # waits on the copy's event
         assert int(host[1]) == s + 1 and int(host[N - 1]) == (N - 1) * (s + 1)
         assert not buf.in_flight
+
+
+def test_partial_copy_touches_only_n_rows(device_backend, torch_mod, pinned_pair):
+    torch = torch_mod
+    buf = pinned_pair((64, 3), torch.int32)
+    buf.cpu.copy_(torch.arange(192, dtype=torch.int32).view(64, 3))
+    device_backend.copy_to_device(buf)
+    buf.cpu.fill_(-1)  # rewritten at once: safe under the contract
+    dev = device_backend.copy_to_device(buf, 10)
+    assert tuple(dev.shape) == (10, 3)
+    host = device_backend.to_host(buf.gpu)
+    assert bool((host[:10] == -1).all())
+    assert torch.equal(host[10:], torch.arange(30, 192, dtype=torch.int32).view(54, 3))

@@ -115,3 +115,23 @@ def test_shared_pool_and_buffer_fed_graph(graph_backend, torch_mod, pinned_pair)
         torch.testing.assert_close(out_big, ref, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(out_small, ref[:4], rtol=1e-4, atol=1e-4)
 
+
+
+def test_capture_on_a_driver_stream(graph_backend, torch_mod):
+    """graph_capture accepts the stream new_stream() returns; the graph replays on any current stream."""
+    torch = torch_mod
+    dev = graph_backend.device()
+    x = torch.randn(BATCH, HIDDEN, device=dev)
+    w = torch.randn(HIDDEN, HIDDEN, device=dev)
+    side = graph_backend.new_stream()
+    side.wait_stream(graph_backend.current_stream())
+    with graph_backend.stream_context(side):
+        torch.relu(x @ w)  # warm-up on the side stream
+    graph_backend.current_stream().wait_stream(side)
+    graph = graph_backend.new_graph()
+    with graph_backend.graph_capture(graph, stream=side):
+        out = torch.relu(x @ w)
+    x.copy_(torch.randn(BATCH, HIDDEN, device=dev))
+    graph.replay()
+    graph_backend.synchronize()
+    torch.testing.assert_close(out, torch.relu(x @ w), rtol=1e-4, atol=1e-4)
