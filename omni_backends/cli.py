@@ -174,24 +174,23 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_plugin_commands(sub: Any) -> list[str]:
-    """Add commands registered under ``omni_backends.commands``; returns load errors."""
-    from stevedore import ExtensionManager
+    """Add commands registered under ``omni_backends.commands``; returns warnings.
 
-    errors: list[str] = []
+    Loaded like the drivers (:func:`omni_backends.registry.load_plugins`: a
+    corrupt stevedore cache is bypassed); a plugin that fails to import or to
+    add itself is a warning and never hides the others.
+    """
+    from omni_backends.registry import load_plugins
 
-    def on_failure(_mgr: Any, ep: Any, exc: BaseException) -> None:
-        errors.append(f"command {ep.name!r} ({ep.value}) failed to load: {type(exc).__name__}: {exc}")
-
-    try:
-        mgr = ExtensionManager(COMMANDS_NAMESPACE, invoke_on_load=False, on_load_failure_callback=on_failure)
-    except Exception as exc:  # e.g. a corrupt stevedore cache: the built-in commands still work
-        return [f"command plugins could not be listed: {type(exc).__name__}: {exc}"]
-    for ext in sorted(mgr.extensions, key=lambda e: e.name):
+    failures: dict[str, tuple[BaseException, str]] = {}
+    plugins, problem = load_plugins(failures, COMMANDS_NAMESPACE)
+    errors = [problem] if problem else []
+    errors += [f"command {name!r} failed to load: {type(exc).__name__}: {exc}" for name, (exc, _) in sorted(failures.items())]
+    for name in sorted(plugins):
         try:
-            ext.plugin(sub)
+            plugins[name](sub)
         except Exception as exc:  # one broken plugin must not hide the others (or a clash with a built-in)
-            errors.append(f"command {ext.name!r} ({ext.entry_point.value}) failed to add itself: "
-                          f"{type(exc).__name__}: {exc}")
+            errors.append(f"command {name!r} failed to add itself: {type(exc).__name__}: {exc}")
     return errors
 
 

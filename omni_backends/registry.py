@@ -178,8 +178,12 @@ def _load_direct(eps: Any, failures: dict[str, tuple[BaseException, str]]) -> di
     return plugins
 
 
-def _stevedore_plugins(failures: dict[str, tuple[BaseException, str]]) -> tuple[dict[str, Any], str | None]:
-    """Load every driver through stevedore; returns ``({name: plugin}, problem or None)``.
+def load_plugins(
+    failures: dict[str, tuple[BaseException, str]], namespace: str = NAMESPACE
+) -> tuple[dict[str, Any], str | None]:
+    """Load every entry point of ``namespace`` through stevedore; returns ``({name: plugin}, problem or None)``.
+
+    Load failures go into ``failures`` (name -> (exception, formatted traceback)).
 
     stevedore reads entry points through its on-disk cache
     (``$XDG_CACHE_HOME/python-entrypoints``; never written for interpreters
@@ -195,7 +199,7 @@ def _stevedore_plugins(failures: dict[str, tuple[BaseException, str]]) -> tuple[
 
     try:
         mgr = ExtensionManager(
-            namespace=NAMESPACE,
+            namespace=namespace,
             invoke_on_load=False,
             on_load_failure_callback=on_failure,
             propagate_map_exceptions=True,
@@ -203,12 +207,13 @@ def _stevedore_plugins(failures: dict[str, tuple[BaseException, str]]) -> tuple[
         return {ext.name: ext.plugin for ext in mgr.extensions}, None
     except Exception as exc:  # corrupt cache contents stevedore cannot parse, or a driver raising AssertionError
         problem = (
-            f"stevedore could not list the drivers ({type(exc).__name__}: {exc}); its entry-point cache in "
-            f"{_stevedore_cache_dir()} is probably corrupt (delete it). Entry points were read directly."
+            f"stevedore could not list the {namespace} entry points ({type(exc).__name__}: {exc}); its "
+            f"entry-point cache in {_stevedore_cache_dir()} is probably corrupt (delete it). Entry points were "
+            f"read directly."
         )
         log.warning(problem)
         failures.clear()
-        return _load_direct(importlib.metadata.entry_points(group=NAMESPACE), failures), problem
+        return _load_direct(importlib.metadata.entry_points(group=namespace), failures), problem
 
 
 def _stevedore_cache_dir() -> str:
@@ -251,7 +256,7 @@ def discover() -> tuple[dict[str, DriverEntry], list[str]]:
     notes: list[str] = []
     declared = _entry_points_with_dists()
     failures: dict[str, tuple[BaseException, str]] = {}
-    loaded, cache_problem = _stevedore_plugins(failures)
+    loaded, cache_problem = load_plugins(failures)
     if cache_problem:
         notes.append(cache_problem)
     missing = [n for n in declared if n not in loaded and n not in failures]
@@ -714,6 +719,7 @@ __all__ = [
     "devices_report",
     "discover",
     "export_selection",
+    "load_plugins",
     "get_backend",
     "resolve_name",
     "safe_probe",
