@@ -538,7 +538,9 @@ def select(device: str | None = None, *, export: bool = True, flag_name: str = "
         )
     with _lock:
         if _selected is not None:
-            if device is not None and device.strip().lower() != AUTO:
+            key = (device or "").strip().lower()
+            same = {_selected.name.lower(), *(a.lower() for a in getattr(_selected.driver_cls, "aliases", ()))}
+            if key and key != AUTO and key not in same:  # only an unfamiliar name pays for a discovery
                 entries, _ = discover()
                 want = resolve_name(device, entries, source=flag_name)
                 if want != _selected.name:
