@@ -376,7 +376,7 @@ def safe_probe(cls: type[Backend]) -> ProbeResult:
         ProbeState.INSTALLED,
         f"the driver's {problem}",
         {},
-        fix=f"report this to the driver's distribution (a probe must never raise); or uninstall it",
+        fix="report this to the driver's distribution (a probe must never raise); or uninstall it",
         error=error,
     )
 
