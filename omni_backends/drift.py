@@ -919,13 +919,14 @@ def run_check(drivers: list[str] | None = None, sources: list[str] | None = None
     ``sources`` (paths) or, when ``sources`` is empty, the installed stack.
     Returns the JSON-able report (see :func:`render_text`)."""
     resolver: Any = SourceResolver([SourceTree(s) for s in sources]) if sources else InstalledResolver()
-    reports = [check_declarations(n, driver_declarations(cls), resolver) for n, cls in _drivers(drivers).items()]
+    declared = {n: driver_declarations(cls) for n, cls in _drivers(drivers).items()}
+    reports = [check_declarations(n, decls, resolver) for n, decls in declared.items()]
     versions: dict[str, str | None] = {}
     if sources:
         for t in resolver.trees:
             versions.update(t.versions)
     else:
-        tops = {d.symbol.module.split(".")[0] for n, cls in _drivers(drivers).items() for d in driver_declarations(cls)}
+        tops = {d.symbol.module.split(".")[0] for decls in declared.values() for d in decls}
         dists = importlib.metadata.packages_distributions()
         for top in sorted(tops):
             for dist in dists.get(top, []):

@@ -278,3 +278,33 @@ def test_run_with_unusable_device_fails_before_vllm_is_imported(device):
     assert "RC 2 VLLM-IMPORTED False" in out.stdout, out.stdout + out.stderr
     assert f"device '{'npu' if device == 'ascend' else device}' was requested" in out.stderr
     assert "not usable here" in out.stderr
+
+
+def test_probe_reports_oserror_from_torch_npu_on_a_host_without_cann(tmp_path, monkeypatch):
+    fake_dists(tmp_path, monkeypatch,
+               {"vllm-ascend": "0.23.0.post1", "torch-npu": "2.10.0.post4", "torch": "2.10.0", "vllm": "0.23.0"})
+    monkeypatch.setattr(ascend, "device_nodes", lambda pattern: ["/dev/davinci0"])
+    monkeypatch.setattr(ascend, "find_shared_library", lambda name, dirs=(): "/usr/local/Ascend/lib64/libhccl.so")
+
+    def fail():
+        raise OSError("libascendcl.so: cannot open shared object file: No such file or directory")
+
+    monkeypatch.setattr(ascend, "TORCH_NPU", types.SimpleNamespace(resolve=fail))
+    probe = AscendBackend.probe()
+    assert probe.state is ProbeState.INSTALLED and not probe.usable
+    assert "importing torch_npu failed: OSError: libascendcl.so" in probe.reason
+    assert probe.error and "OSError" in probe.error
+
+
+def test_probes_import_neither_torch_nor_vendor_stacks():
+    """Probing must not make ``import torch`` fail for anyone: on a host without an
+    NPU it imports neither torch nor torch_npu (nor does the XPU probe)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom omni_backends.ascend.driver import AscendBackend\nfrom omni_backends.xpu.driver import "
+            "XpuBackend\nAscendBackend.probe(); XpuBackend.probe()\n"
+            "print(sorted(m for m in ('torch', 'torch_npu', 'vllm', 'vllm_ascend', 'intel_extension_for_pytorch') "
+            "if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
