@@ -1,0 +1,91 @@
+"""Engine-tier check, one side per process: run the demo thinker for a few steps
+on stock vLLM or through the omni runner, and write tokens + logprobs as JSON.
+
+    python -m omni_backends.testing.engine_check --device NAME --model DIR --side stock|omni --out F.json
+
+``--side omni`` builds ``vllm.LLM`` with the omni worker and scheduler
+(``--worker-cls`` / ``--scheduler-cls``, by default the core's
+``core.worker.OmniARWorker`` and ``core.engine.OmniScheduler``, handed to vLLM
+as class paths: this package never imports the core), which build the omni
+runner over ``backend.model_runner_base()``; the runner class hierarchy each
+rank built is recorded. ``--side stock`` runs the same checkpoint as vLLM's
+plain ``LlamaForCausalLM`` (``hf_overrides``). Both sides select the driver
+first (``omni_backends.registry.select``) so vLLM resolves its platform.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+OMNI_WORKER_CLS = "core.worker.OmniARWorker"
+OMNI_SCHEDULER_CLS = "core.engine.OmniScheduler"
+PROMPTS = ["Hello", "The quick brown fox jumps over the lazy dog", "Omni models hear, think and speak."]
+MAX_TOKENS = [6, 4, 8]
+
+
+def _params():
+    from vllm import SamplingParams
+
+    greedy = [SamplingParams(max_tokens=m, temperature=0.0, logprobs=2) for m in MAX_TOKENS]
+    seeded = [SamplingParams(max_tokens=m, temperature=0.9, top_p=0.9, top_k=40, seed=7 + i, logprobs=2)
+              for i, m in enumerate(MAX_TOKENS)]
+    return PROMPTS + PROMPTS, greedy + seeded
+
+
+def run(device: str, model: str, side: str, worker_cls: str, scheduler_cls: str) -> dict:
+    """Generate the fixed batch on ``side``; returns a JSON-able dict."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from omni_backends.registry import select
+
+    sel = select(device)
+    sel.backend.check_vllm_platform()
+    from vllm import LLM
+
+    kw = dict(dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=8, seed=0)
+    if side == "omni":
+        llm = LLM(model, worker_cls=worker_cls, scheduler_cls=scheduler_cls, **kw)
+    elif side == "stock":
+        llm = LLM(model, hf_overrides={"architectures": ["LlamaForCausalLM"]}, **kw)
+    else:
+        raise SystemExit(f"--side must be stock or omni, got {side!r}")
+    prompts, params = _params()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    result = {
+        "side": side,
+        "driver": sel.name,
+        "model_runner_base": sel.backend.model_runner_base().__name__,
+        "outputs": [
+            {
+                "token_ids": list(o.outputs[0].token_ids),
+                "logprobs": [{str(t): lp.logprob for t, lp in d.items()} for d in (o.outputs[0].logprobs or [])],
+            }
+            for o in outs
+        ],
+    }
+    if side == "omni":
+        result["ranks"] = [{"runner_mro": r.get("runner_mro"), "driver": r.get("driver")}
+                           for r in llm.collective_rpc("omni_state")]
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", required=True)
+    p.add_argument("--model", required=True, help="the demo thinker directory (omni-backends demo-model create)")
+    p.add_argument("--side", required=True, choices=("stock", "omni"))
+    p.add_argument("--out", required=True)
+    p.add_argument("--worker-cls", default=OMNI_WORKER_CLS)
+    p.add_argument("--scheduler-cls", default=OMNI_SCHEDULER_CLS)
+    a = p.parse_args(argv)
+    result = run(a.device, a.model, a.side, a.worker_cls, a.scheduler_cls)
+    with open(a.out, "w", encoding="utf-8") as fh:
+        json.dump(result, fh)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
