@@ -34,7 +34,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         st = summary["stages"]
         print(f"device:   {summary['device']['selected']} ({summary['device']['rule']})")
         print(f"thinker:  {st['thinker']['generated_tokens']} tokens in {st['thinker']['seconds']} s -> {summary['thinker_text']!r}")
-        print(f"talker:   {st['talker']['generated_tokens']} frames x {st['talker']['codebooks']} codebooks in {st['talker']['seconds']} s")
+        print(f"talker:   {st['talker']['generated_tokens']} frames x {st['talker']['codebooks']} codebooks in {st['talker']['seconds']} s"
+              f" (talker MTP: {st['talker']['talker_mtp']})")
         print(f"code2wav: {st['code2wav']['audio_seconds']} s of audio in {st['code2wav']['seconds']} s")
         print(f"wrote {summary['out_dir']}/out.wav, thinker.txt, codes.json, summary.json ({summary['total_seconds']} s total)")
     return 0

@@ -242,8 +242,10 @@ def _run_stages(cfg: RunConfig, configs: dict[str, dict[str, Any]], staging: str
     (tk,) = talker.generate([{"prompt_token_ids": [0] * hidden.shape[0]}], tparams, use_tqdm=False)
     code0 = torch.tensor(tk.outputs[0].token_ids, dtype=torch.int64)[:, None]
     codes = torch.cat([code0, tk.multimodal_outputs["residual_codes"].to(torch.int64)], dim=1)
+    mtp_mode = talker.collective_rpc("omni_state")[0]["mtp_mode"]
     stages["talker"] = {"prompt_embeds": hidden.shape[0], "generated_tokens": int(codes.shape[0]),
-                        "codebooks": int(codes.shape[1]), "seconds": round(time.perf_counter() - t0, 3)}
+                        "codebooks": int(codes.shape[1]), "talker_mtp": mtp_mode,
+                        "seconds": round(time.perf_counter() - t0, 3)}
     with open(os.path.join(staging, "codes.json"), "w") as f:
         json.dump(codes.tolist(), f)
 
