@@ -11,10 +11,12 @@ the class is built there, over the driver the parent selected
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 from core.kinds import AR, GENERATION
 from core.runner import build_runner_class
+from omni_backends.placement import check_worker_binding, distributed_backend_in_use
 from omni_backends.registry import verify_worker_selection
 
 _KIND_BY_NAME = {"OmniARWorker": AR, "OmniGenerationWorker": GENERATION}
@@ -27,8 +29,11 @@ class OmniWorkerMixin:
     omni_kind: str = AR
 
     def init_device(self) -> None:
+        backend = verify_worker_selection().backend  # a rank on another driver/stack fails here, before device work
         super().init_device()
-        backend = verify_worker_selection().backend
+        local_world = max(self.parallel_config.local_world_size, self.local_rank + 1)  # DP offsets local_rank
+        self.rank_device = check_worker_binding(backend, self.local_rank, local_world,
+                                                getattr(self, "device", self.model_runner.device), os.environ)
         runner_cls = build_runner_class(backend, self.omni_kind, v2=bool(self.vllm_config.use_v2_model_runner))
         if not isinstance(self.model_runner, runner_cls):
             device = self.model_runner.device
@@ -60,6 +65,9 @@ class OmniWorkerMixin:
             ),
             "mtp_calls": dict(hooks.mtp_calls) if hooks else None,
             "mtp_mode": hooks.mtp_mode if hooks else None,
+            "local_rank": getattr(self, "local_rank", None),
+            "rank_device": self.rank_device.to_json() if getattr(self, "rank_device", None) else None,
+            "dist_backend": distributed_backend_in_use(),
         }
 
 
