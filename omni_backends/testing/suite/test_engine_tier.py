@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from omni_backends.testing.kit import expect
+from omni_backends.testing.kit import expect, vllm_missing_reason
 
 pytestmark = [pytest.mark.engine_tier, pytest.mark.slow]
 
@@ -27,6 +27,9 @@ def engine_driver(driver_under_test, backend):
     if probe is None or not probe.usable:
         pytest.skip(f"driver {backend.name!r} is not usable for an engine here: "
                     f"{probe.reason if probe else 'not probed'}" + (f"; to fix: {probe.fix}" if probe and probe.fix else ""))
+    missing = vllm_missing_reason()
+    if missing:
+        pytest.skip(f"{missing}; the engine tier starts a vLLM engine")
     if importlib.util.find_spec("core") is None:
         pytest.skip("the omni core runner (package 'core' of omni-backends) is not installed")
     commands = {ep.name for ep in importlib.metadata.entry_points(group="omni_backends.commands")}
