@@ -35,24 +35,29 @@ def test_ci_entry_point_installs_and_checks_the_example_driver():
     assert "--omni-report reports/kit-cpu.json" in run
 
 
-def test_absent_device_skips_every_device_test_with_its_reason(tmp_path):
-    """On this CPU box --device cuda has no device: each test that needs it skips and says why."""
-    report = tmp_path / "cuda.json"
+@pytest.mark.parametrize(
+    "device, why",
+    [("cuda", "no cuda device visible to driver 'cuda'"), ("xpu", "no xpu device visible to driver 'xpu'"),
+     ("npu", "driver 'npu' cannot be instantiated here")],
+)
+def test_absent_device_skips_every_device_test_with_its_reason(tmp_path, device, why):
+    """On a host without the device each test that needs it skips and says why (the probe's reason and fix)."""
+    report = tmp_path / f"{device}.json"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", "--pyargs",
          "omni_backends.testing.suite.test_device_ops", "omni_backends.testing.suite.test_interface",
-         "--device", "cuda", "--omni-report", str(report)],
+         "--device", device, "--omni-report", str(report)],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )
     doc = json.loads(report.read_text())
     if doc["driver"]["device_present"]:
-        pytest.skip("a CUDA device is visible here; this test is for hosts without one")
+        pytest.skip(f"a {device} device is visible here; this test is for hosts without one")
     assert proc.returncode == 0, proc.stdout[-3000:]
     skipped = [t for t in doc["tests"] if t["outcome"] == "skipped"]
     assert len(skipped) >= 7
     for t in skipped:
-        assert "no cuda device visible to driver 'cuda'" in t["reason"] and "probe:" in t["reason"], t
-    # what needs no device still runs: the interface of the CUDA driver is complete
+        assert why in t["reason"] and "probe:" in t["reason"] and "to fix:" in t["reason"], t
+    # what needs no device still runs: the driver's interface is complete
     passed = {t["nodeid"].split("::")[-1] for t in doc["tests"] if t["outcome"] == "passed"}
     assert {"test_every_abstract_method_is_implemented", "test_probe_returns_result"} <= passed
-    assert "SKIPPED" in proc.stdout and "no cuda device visible" in proc.stdout
+    assert "SKIPPED" in proc.stdout and why in proc.stdout

@@ -104,8 +104,10 @@ def _dut_cache(config: pytest.Config, device_name: str, load: Any) -> Any:
 def backend(driver_under_test):
     """The instantiated driver under test.
 
-    Fails (naming the contract) when the driver cannot be loaded or
-    instantiated; skips, with the probe's reason, when its device is absent.
+    Fails (naming the contract) when the driver cannot be loaded, is
+    incomplete, or probes usable but cannot be instantiated; skips, with the
+    probe's reason, when its device is absent or it cannot be instantiated
+    on a host where its own probe says it is not usable.
     """
     dut = driver_under_test
     dut.fail_if_unusable()
@@ -113,7 +115,12 @@ def backend(driver_under_test):
         from omni_backends.testing.kit import check_interface
 
         check_interface(dut.cls)  # names the missing abstract methods
-        pytest.fail(f"driver {dut.name!r} could not be instantiated: {dut.instantiate_error}", pytrace=False)
+        probe = dut.probe
+        if probe is not None and not probe.usable:  # the driver itself says it cannot run here
+            pytest.skip(f"driver {dut.name!r} cannot be instantiated here ({dut.instantiate_error}); probe: "
+                        f"{probe.state.value}: {probe.reason}" + (f"; to fix: {probe.fix}" if probe.fix else ""))
+        pytest.fail(f"driver {dut.name!r} probes usable but could not be instantiated: {dut.instantiate_error}",
+                    pytrace=False)
     if not dut.present:
         pytest.skip(dut.absent_reason)
     return dut.backend
