@@ -102,7 +102,6 @@ class _OmniAsyncOutput:
 
     def __init__(self, inner: Any, convert: Any) -> None:
         self._inner, self._convert = inner, convert
-        self._pending = None
 
     def get_output(self) -> Any:
         return self._convert(self._inner.get_output())
