@@ -8,9 +8,11 @@ attaches the omni front end.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from core.kinds import AR, GENERATION, KINDS
+from omni_backends.placement import check_engine_fits
 from omni_backends.registry import Selection, select
 
 WORKER_CLS = {AR: "core.worker.OmniARWorker", GENERATION: "core.worker.OmniGenerationWorker"}
@@ -40,7 +42,8 @@ def make_engine(model: str, *, kind: str = AR, device: str | None = None, **engi
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    prepare_device(device)
+    sel = prepare_device(device)
+    check_engine_fits(sel, engine_kwargs, os.environ)  # "needs K devices, only M visible" before any worker starts
     from vllm import LLM
 
     from core.engine import attach_omni_frontend

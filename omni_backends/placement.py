@@ -318,6 +318,38 @@ def plan(backend: "Backend | type[Backend]", world_size: int, env: Mapping[str, 
     return tuple(device_for_rank(backend, r, world_size, env, device_count) for r in range(world_size))
 
 
+def engine_world_size(engine_kwargs: Mapping[str, Any]) -> int | None:
+    """Devices one host needs for ``vllm.LLM(**engine_kwargs)``:
+    ``tensor_parallel_size x pipeline_parallel_size x data_parallel_size``
+    (defaults 1), or None when the ranks may spread over several hosts
+    (``distributed_executor_backend="ray"`` or ``"external_launcher"``, ``nnodes`` > 1),
+    where each host's workers check their own share."""
+    if engine_kwargs.get("distributed_executor_backend") in ("ray", "external_launcher"):
+        return None
+    if int(engine_kwargs.get("nnodes") or 1) > 1:
+        return None
+    sizes = (engine_kwargs.get(k) or 1 for k in ("tensor_parallel_size", "pipeline_parallel_size",
+                                                  "data_parallel_size"))
+    world = 1
+    for n in sizes:
+        world *= int(n)
+    return world
+
+
+def check_engine_fits(selection: Any, engine_kwargs: Mapping[str, Any], env: Mapping[str, str]) -> tuple[RankDevice, ...]:
+    """In the parent, before vLLM starts any worker: :func:`plan` the ranks of
+    ``vllm.LLM(**engine_kwargs)`` over the selected driver (``selection``, a
+    registry ``Selection``), so a short visible list fails fast with "needs K
+    devices, only M visible". The host's device count is the selection's probe
+    count (no device runtime is initialised). Returns ``()`` when the ranks may
+    span hosts (see :func:`engine_world_size`)."""
+    world = engine_world_size(engine_kwargs)
+    if world is None:
+        return ()
+    probe = next((c.probe for c in selection.candidates if c.name == selection.name and c.probe), None)
+    return plan(selection.backend, world, env, device_count=probe.device_count if probe else None)
+
+
 # -------------------------------------------------------- worker-side checks
 def check_worker_binding(backend: "Backend", local_rank: int, world_size: int, bound_device: Any,
                          env: Mapping[str, str]) -> RankDevice:
@@ -363,8 +395,10 @@ __all__ = [
     "PlacementError",
     "RankDevice",
     "VisibleDevices",
+    "check_engine_fits",
     "check_worker_binding",
     "device_for_rank",
+    "engine_world_size",
     "distributed_backend_in_use",
     "plan",
     "visible_devices",

@@ -236,3 +236,31 @@ def test_worker_refuses_a_process_group_on_another_backend(tmp_path):
             check_worker_binding(_TwoGpus(), 0, 1, torch.device("cuda", 0), {CUDA: "0"})
     finally:
         dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------ parent-side check before vLLM starts
+def _selection(backend, device_count):
+    from omni_backends.backend import ProbeResult, ProbeState
+    from omni_backends.registry import Candidate, Selection
+
+    probe = ProbeResult(ProbeState.USABLE, "test", {}, device_count=device_count)
+    return Selection(name=backend.name, rule="test", reason="test", notes=[], versions={},
+                     candidates=[Candidate(backend.name, None, backend.priority, probe)], backend=backend)
+
+
+def test_engine_that_needs_more_devices_than_visible_fails_before_workers_start():
+    from omni_backends.placement import check_engine_fits, engine_world_size
+
+    sel = _selection(CudaBackend(), device_count=8)
+    ranks = check_engine_fits(sel, {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}, {CUDA: "4,5,6,7"})
+    assert [r.device_id for r in ranks] == ["4", "5", "6", "7"]
+    with pytest.raises(PlacementError, match="needs 4 cuda devices \\(one per rank\\), only 2 visible"):
+        check_engine_fits(sel, {"tensor_parallel_size": 2, "data_parallel_size": 2}, {CUDA: "0,1"})
+    # unset variable: the probe's device count (NVML, no CUDA context) is the limit
+    with pytest.raises(PlacementError, match="needs 16 cuda devices \\(one per rank\\), only 8 visible"):
+        check_engine_fits(sel, {"tensor_parallel_size": 16}, {})
+    # ranks that may span hosts are checked by each host's workers instead
+    assert engine_world_size({"tensor_parallel_size": 16, "distributed_executor_backend": "ray"}) is None
+    assert engine_world_size({"tensor_parallel_size": 16, "nnodes": 2}) is None
+    assert check_engine_fits(sel, {"tensor_parallel_size": 16, "distributed_executor_backend": "ray"}, {}) == ()
+    assert len(check_engine_fits(_selection(CpuBackend(), 1), {"tensor_parallel_size": 2}, {})) == 2
