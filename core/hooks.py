@@ -29,6 +29,7 @@ Model contract (all optional; read once at ``bind_model``):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any, Iterable
 
@@ -66,8 +67,14 @@ class BatchView:
     def num_reqs(self) -> int:
         return len(self.req_ids)
 
+    @functools.cached_property
+    def _spans(self) -> list[tuple[int, int]]:
+        qsl = np.asarray(self.query_start_loc)[: self.num_reqs + 1].tolist()
+        return list(zip(qsl[:-1], qsl[1:]))
+
     def span(self, i: int) -> tuple[int, int]:
-        return int(self.query_start_loc[i]), int(self.query_start_loc[i + 1])
+        """(start, end) offsets of request i's scheduled tokens in the flattened batch."""
+        return self._spans[i]
 
     def prefill_rows(self, i: int) -> tuple[int, int, int]:
         """(batch_start, prompt_offset, count) of request i's prompt tokens this step."""
@@ -245,6 +252,11 @@ class OmniHooks:
         step, self._step_outputs = self._step_outputs, {}
         if not step or not hasattr(base, "req_ids"):
             return base
-        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+        fields = {name: getattr(base, name) for name in _field_names(type(base))}
         mm = {r: v for r, v in step.items() if r in base.req_id_to_index}
         return OmniModelRunnerOutput(**fields, multimodal_outputs=mm)
+
+
+@functools.lru_cache(maxsize=None)
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))

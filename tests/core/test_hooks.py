@@ -326,3 +326,22 @@ def test_merge_step_outputs_concatenates_along_tokens():
     assert torch.equal(merged["h"], torch.cat([a, b]))
     assert merged["w"] is c  # a single step is passed through, not copied
     assert merge_step_outputs([]) == {}
+
+
+def test_omni_engine_core_output_appends_one_field_to_vllms():
+    """OmniScheduler builds OmniEngineCoreOutput positionally from
+    ``msgspec.structs.astuple(EngineCoreOutput)``: that needs vLLM's fields,
+    in vLLM's order, followed by ours alone."""
+    import msgspec
+    from vllm.v1.engine import EngineCoreOutput
+
+    from core.engine import OmniEngineCoreOutput
+
+    base = [f.name for f in msgspec.structs.fields(EngineCoreOutput)]
+    ours = [f.name for f in msgspec.structs.fields(OmniEngineCoreOutput)]
+    assert ours == base + ["multimodal_outputs"]
+    eco = EngineCoreOutput(request_id="r-1", new_token_ids=[5, 6], finish_reason=None, stop_reason="x")
+    mm = {"hidden": torch.ones(2, 3)}
+    out = OmniEngineCoreOutput(*msgspec.structs.astuple(eco), mm)
+    assert msgspec.structs.astuple(out)[:-1] == msgspec.structs.astuple(eco)
+    assert out.multimodal_outputs is mm and out.request_id == "r-1" and out.stop_reason == "x"

@@ -1,0 +1,282 @@
+"""Issue 3 bench: the core omni runner vs stock vLLM, same model, same run.
+
+    python bench/bench_core_runner.py [--rounds 20] [--max-tokens 64] [--batches 1,8]
+                                      [--reps 41] [--iters 2000] [--out DIR] [--profile]
+
+1. Decode: the demo thinker through our runner (``core.stage.make_engine``:
+   omni worker + runner + scheduler + output processor, driver ``cpu``) vs
+   stock vLLM (``vllm.LLM`` on ``core.models.create.stock_thinker_view``:
+   the same safetensors as plain ``LlamaForCausalLM``). Both engines live in
+   this one process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and are measured
+   alternately: every round runs each batch size on both engines, the order
+   flipping every round (A/B, B/A, ...). One measurement = ``batch`` requests
+   (distinct prompts, ``max_tokens``, ``ignore_eos=True``, greedy) driven by
+   ``LLMEngine.step()``; the first step (prefill) is excluded, every later step
+   is a decode step of ``batch`` tokens. Per round: decode tokens/s =
+   ``batch * steps / sum(step times)``; mean step time. Reported: medians over
+   rounds and the median of the per-round paired ratios omni/stock.
+   Goal: omni/stock tokens/s >= 0.99.
+2. Per-call cost of the Backend's forward-context and buffer-copy paths vs
+   calling vLLM directly: ``backend.forward_context(None, cfg, num_tokens=8)``
+   vs ``vllm.forward_context.set_forward_context(None, cfg, num_tokens=8)``
+   (enter + exit; ``cfg`` = the engine's ``VllmConfig``), and
+   ``backend.copy_to_device(buf, n)`` vs ``buf.copy_to_gpu(n)`` on a
+   ``backend.make_buffer`` (vLLM ``CpuGpuBuffer``). ``reps`` interleaved
+   blocks of ``iters`` calls each; medians of the per-call times.
+   Goal: driver/raw <= 1.02.
+
+``--profile`` adds a cProfile of omni decode steps (batch 8) listing where the
+runner's own time goes. Prints Markdown; ``--out DIR`` also writes
+``bench_core_runner.json`` / ``.md`` there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# One intra-op thread by default: on a shared 2-core box a 2-thread OpenMP region
+# stalls whenever another process holds one core, which swamps a ~1% effect.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+ENGINE_KW = dict(dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=16, seed=0)
+
+
+def machine() -> dict:
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    import torch
+    import vllm
+
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "vllm": vllm.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "loadavg_start": os.getloadavg(),
+    }
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    """``n`` distinct token-id prompts of 6..13 tokens (vocab 512, ids >= 2)."""
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(2, 512) for _ in range(6 + i % 8)] for i in range(n)]
+
+
+def measure_decode(llm, batch: int, max_tokens: int, tag: str, output_kind: str = "FINAL_ONLY") -> list[float]:
+    """Step times (s) of the decode steps of one batch run (prefill step excluded)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    eng = llm.llm_engine
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0, detokenize=False,
+                            output_kind=RequestOutputKind[output_kind])
+    for i, p in enumerate(prompts(batch)):
+        eng.add_request(f"{tag}-{i}", {"prompt_token_ids": p}, params)
+    gc.collect()
+    eng.step()  # prefill (+ the first sampled token)
+    steps = []
+    clock = time.perf_counter
+    while eng.has_unfinished_requests():
+        t0 = clock()
+        eng.step()
+        steps.append(clock() - t0)
+    if len(steps) != max_tokens - 1:
+        raise RuntimeError(f"{tag}: expected {max_tokens - 1} decode steps, got {len(steps)} (chunked prefill?)")
+    return steps
+
+
+def bench_decode(engines: dict, batches: list[int], rounds: int, max_tokens: int, output_kind: str,
+                 warmup: int = 2) -> dict:
+    """``engines``: name -> LLM; the one named ``stock`` is the reference.
+    Returns {batch: {engine: {tok_s, step_ms, ratio_of_medians, median_paired_ratio, ...}}}."""
+    names = list(engines)
+    for w in range(warmup):
+        for b in batches:
+            for name in names:
+                measure_decode(engines[name], b, max_tokens, f"warm{w}-{name}-b{b}", output_kind)
+    per: dict = {b: {n: {"tok_s": [], "step_ms": []} for n in names} for b in batches}
+    for r in range(rounds):
+        for b in batches:
+            k = r % len(names)  # rotate the order every round
+            for name in names[k:] + names[:k]:
+                steps = measure_decode(engines[name], b, max_tokens, f"r{r}-{name}-b{b}", output_kind)
+                per[b][name]["tok_s"].append(b * len(steps) / sum(steps))
+                per[b][name]["step_ms"].append(1000 * statistics.fmean(steps))
+    result: dict = {}
+    for b in batches:
+        ref = per[b]["stock"]
+        result[b] = {}
+        for name in names:
+            d = per[b][name]
+            paired = [x / y for x, y in zip(d["tok_s"], ref["tok_s"])]
+            result[b][name] = {
+                "tok_s": statistics.median(d["tok_s"]),
+                "step_ms": statistics.median(d["step_ms"]),
+                "ratio_of_medians": statistics.median(d["tok_s"]) / statistics.median(ref["tok_s"]),
+                "median_paired_ratio": statistics.median(paired),
+                "paired_ratio_min_max": [min(paired), max(paired)],
+                "raw": d,
+            }
+    return result
+
+
+def interleaved(fns: dict, reps: int, iters: int) -> dict:
+    """Median per-call time (µs) of each zero-arg callable; ``reps`` blocks of
+    ``iters`` calls, the order rotating every block."""
+    names = list(fns)
+    times: dict = {n: [] for n in names}
+    clock = time.perf_counter
+    for n in names:  # warm up
+        for _ in range(iters // 10 + 1):
+            fns[n]()
+    for r in range(reps):
+        k = r % len(names)
+        for n in names[k:] + names[:k]:
+            f = fns[n]
+            t0 = clock()
+            for _ in range(iters):
+                f()
+            times[n].append((clock() - t0) / iters * 1e6)
+    return {n: statistics.median(v) for n, v in times.items()}
+
+
+def bench_paths(backend, vllm_config, reps: int, iters: int) -> dict:
+    import torch
+    from vllm.forward_context import set_forward_context
+
+    def raw_fc():
+        with set_forward_context(None, vllm_config, num_tokens=8):
+            pass
+
+    def drv_fc():
+        with backend.forward_context(None, vllm_config, num_tokens=8):
+            pass
+
+    out = {"forward_context": interleaved({"raw": raw_fc, "driver": drv_fc}, reps, iters)}
+    buf = backend.make_buffer(8192, dtype=torch.int32)
+    buf.cpu.copy_(torch.arange(8192, dtype=torch.int32))
+    for n in (8, 2048):
+        out[f"copy_to_device n={n}"] = interleaved(
+            {"raw": lambda n=n: buf.copy_to_gpu(n), "driver": lambda n=n: backend.copy_to_device(buf, n)}, reps, iters
+        )
+    for v in out.values():
+        v["ratio"] = v["driver"] / v["raw"]
+    return out
+
+
+def profile_omni(llm, batch: int, max_tokens: int, output_kind: str, top: int = 25) -> str:
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(3):
+        measure_decode(llm, batch, max_tokens, f"prof{i}", output_kind)
+    prof.disable()
+    s = io.StringIO()
+    st = pstats.Stats(prof, stream=s).sort_stats("cumulative")
+    st.print_stats(r"core/|omni_backends/", top)
+    return s.getvalue()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--reps", type=int, default=41)
+    ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--demo-dir", default=None, help="existing demo models (default: created in a temp dir)")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--output-kind", default="FINAL_ONLY", choices=["FINAL_ONLY", "CUMULATIVE", "DELTA"],
+                    help="RequestOutputKind of the requests (LLM.generate uses FINAL_ONLY; streaming uses the others)")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args(argv)
+    batches = [int(b) for b in args.batches.split(",")]
+
+    from core.models.create import create_demo_models, stock_thinker_view
+    from core.stage import make_engine
+
+    tmp = None
+    demo = args.demo_dir
+    if demo is None:
+        tmp = tempfile.mkdtemp(prefix="bench-core-")
+        demo = os.path.join(tmp, "demo")
+        create_demo_models(demo)
+    thinker = os.path.join(demo, "thinker")
+    stock_dir = stock_thinker_view(thinker, os.path.join(tmp or tempfile.mkdtemp(prefix="bench-core-"), "thinker-stock"))
+
+    from vllm import LLM
+
+    from omni_backends.registry import get_backend
+
+    info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **machine()}
+    engines = {
+        "omni": make_engine(thinker, device="cpu", **ENGINE_KW),
+        "omni-plain": make_engine(stock_dir, device="cpu", **ENGINE_KW),
+        "stock": LLM(stock_dir, **ENGINE_KW),
+    }
+    runners = {n: type(e.llm_engine.model_executor.driver_worker.worker.model_runner).__name__
+               for n, e in engines.items()}
+
+    decode = bench_decode(engines, batches, args.rounds, args.max_tokens, args.output_kind)
+    paths = bench_paths(get_backend(), engines["stock"].llm_engine.vllm_config, args.reps, args.iters)
+    info["loadavg_end"] = os.getloadavg()
+
+    lines = [
+        f"date {info['date']}; {info['cpu']}, {info['cores']} cores, torch {info['torch']} "
+        f"({info['torch_threads']} intra-op threads), vLLM {info['vllm']}, Python {info['python']}; "
+        f"load average start {info['loadavg_start'][0]:.2f} end {info['loadavg_end'][0]:.2f}",
+        f"{args.rounds} rounds, max_tokens {args.max_tokens}, greedy, ignore_eos, output_kind {args.output_kind}; "
+        "runners: " + ", ".join(f"{n} = {r}" for n, r in runners.items()),
+        "",
+        "| batch | engine | decode tok/s | mean step ms | vs stock (medians) | vs stock (median paired) | paired min..max |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for b, per in decode.items():
+        for name, d in per.items():
+            lines.append(
+                f"| {b} | {name} | {d['tok_s']:.0f} | {d['step_ms']:.3f} | {d['ratio_of_medians']:.3f} "
+                f"| {d['median_paired_ratio']:.3f} | {d['paired_ratio_min_max'][0]:.3f}..{d['paired_ratio_min_max'][1]:.3f} |"
+            )
+    lines += ["", "| path | raw µs/call | driver µs/call | driver/raw |", "|---|---|---|---|"]
+    for name, v in paths.items():
+        lines.append(f"| {name} | {v['raw']:.3f} | {v['driver']:.3f} | {v['ratio']:.3f} |")
+    text = "\n".join(lines)
+    print(text)
+    prof = profile_omni(engines["omni"], max(batches), args.max_tokens, args.output_kind) if args.profile else None
+    if prof:
+        print("\ncProfile, omni decode steps (batch %d), core/ and omni_backends/ functions:\n%s" % (max(batches), prof))
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "bench_core_runner.json"), "w") as f:
+            json.dump({"info": info, "decode": {str(k): v for k, v in decode.items()}, "paths": paths,
+                       "argv": sys.argv}, f, indent=2)
+        with open(os.path.join(args.out, "bench_core_runner.md"), "w") as f:
+            f.write(text + ("\n\n```\n" + prof + "```\n" if prof else "\n"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
