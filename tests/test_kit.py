@@ -171,3 +171,34 @@ def test_device_markers_skip_with_a_reason(tmp_path):
     assert "3 skipped" in out
     out = run("ascend").stdout  # alias of npu
     assert "1 passed, 2 skipped" in out, out
+
+
+def test_simdev_graph_wrapper_captures_then_replays():
+    """The example driver's wrap_graph (its CUDAGraphWrapper twin): first call in FULL
+    mode captures, later calls replay on the persistent input, keyed by BatchDescriptor."""
+    _simdev_installed()
+    pytest.importorskip("vllm")
+    import torch
+    from omni_simdev.driver import SimDevBackend
+    from vllm.config import CUDAGraphMode, VllmConfig
+    from vllm.forward_context import BatchDescriptor
+
+    backend, cfg = SimDevBackend(), VllmConfig()
+    calls = []
+
+    def runnable(x):
+        calls.append(1)
+        return torch.relu(x * 2 - 1).cumsum(0)
+
+    wrapped = backend.wrap_graph(runnable, cfg, CUDAGraphMode.FULL)
+    assert backend.wrap_graph(runnable, cfg, CUDAGraphMode.NONE) is runnable
+    x = torch.linspace(-1, 1, 8)
+    outs = []
+    for step in range(3):
+        x.copy_(torch.linspace(-1, 1, 8) * (step + 1))
+        with backend.forward_context(None, cfg, num_tokens=8, cudagraph_runtime_mode=CUDAGraphMode.FULL,
+                                     batch_descriptor=BatchDescriptor(num_tokens=8)):
+            outs.append(wrapped(x).clone())
+        torch.testing.assert_close(outs[-1], torch.relu(x * 2 - 1).cumsum(0))
+    assert len(calls) == 1, "the runnable ran more than once: replays must not call it"
+    assert not torch.equal(outs[0], outs[2])

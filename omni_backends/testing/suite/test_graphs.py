@@ -81,3 +81,35 @@ def test_without_static_graphs_new_graph_refuses(backend, capabilities):
         pytest.skip(f"driver {backend.name!r} has static graphs {capabilities.static_graph_modes}")
     with pytest.raises(NotImplementedError):
         backend.new_graph()
+
+
+def test_wrap_graph_runs_eagerly_outside_a_graph_mode(backend, capabilities):
+    """``wrap_graph`` returns a callable computing the same as the runnable when no
+    forward context is set and in mode NONE (drivers without graphs: the runnable itself)."""
+    from omni_backends.testing.kit import vllm_missing_reason
+
+    missing = vllm_missing_reason()
+    if missing:
+        pytest.skip(f"{missing}; wrap_graph takes vLLM's VllmConfig and CUDAGraphMode")
+    from vllm.config import CUDAGraphMode, VllmConfig
+
+    cfg = VllmConfig()
+    dev = backend.device()
+    w = torch.full((16,), 3.0, device=dev)
+
+    def runnable(x):
+        return _forward(x, w)
+
+    modes = [CUDAGraphMode[m] for m in capabilities.static_graph_modes if m in ("PIECEWISE", "FULL")]
+    for mode in modes or [CUDAGraphMode.FULL]:
+        wrapped = backend.wrap_graph(runnable, cfg, mode)
+        if not capabilities.static_graphs:
+            expect(wrapped is runnable, "graph-replay",
+                   "wrap_graph() without static graphs must return the runnable itself")
+        x = torch.linspace(-2, 2, 16, device=dev)
+        expect(torch.equal(backend.to_host(wrapped(x)), backend.to_host(runnable(x))), "graph-replay",
+               f"wrap_graph(runnable, mode={mode.name}) called outside a forward context computed a different result")
+        with backend.forward_context(None, cfg, num_tokens=16, cudagraph_runtime_mode=CUDAGraphMode.NONE):
+            y = wrapped(x)
+        expect(torch.equal(backend.to_host(y), backend.to_host(runnable(x))), "graph-replay",
+               f"wrap_graph(runnable, mode={mode.name}) in a mode-NONE forward context computed a different result")
