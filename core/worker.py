@@ -31,9 +31,13 @@ class OmniWorkerMixin:
     def init_device(self) -> None:
         backend = verify_worker_selection().backend  # a rank on another driver/stack fails here, before device work
         super().init_device()
-        local_world = max(self.parallel_config.local_world_size, self.local_rank + 1)  # DP offsets local_rank
-        self.rank_device = check_worker_binding(backend, self.local_rank, local_world,
-                                                getattr(self, "device", self.model_runner.device), os.environ)
+        # this rank's device must be the mapping's (the parent already checked the whole world fits; under Ray
+        # or DP, local_world_size / local_rank span more than this host's visible list, so check this rank only;
+        # Ray assigns each node's GPUs itself, so there only the device type is checked)
+        executor = self.parallel_config.distributed_executor_backend
+        self.rank_device = check_worker_binding(backend, self.local_rank, self.local_rank + 1,
+                                                getattr(self, "device", self.model_runner.device), os.environ,
+                                                check_index=executor not in ("ray", "external_launcher"))
         runner_cls = build_runner_class(backend, self.omni_kind, v2=bool(self.vllm_config.use_v2_model_runner))
         if not isinstance(self.model_runner, runner_cls):
             device = self.model_runner.device

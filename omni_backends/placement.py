@@ -352,19 +352,21 @@ def check_engine_fits(selection: Any, engine_kwargs: Mapping[str, Any], env: Map
 
 # -------------------------------------------------------- worker-side checks
 def check_worker_binding(backend: "Backend", local_rank: int, world_size: int, bound_device: Any,
-                         env: Mapping[str, str]) -> RankDevice:
+                         env: Mapping[str, str], *, check_index: bool = True) -> RankDevice:
     """In a worker, after vLLM's ``init_device``: check that the device vLLM bound
     (``bound_device``, a ``torch.device``) is the one the mapping gives this
     rank, and that the default process group uses the driver's distributed
     backend (``torch.distributed.get_backend()``, when initialised).
 
+    ``check_index=False`` checks the device type only: for executors that
+    assign devices themselves (Ray hands each node's workers their GPU ids).
     Returns the rank's :class:`RankDevice`. Raises :class:`PlacementError`
     naming both sides on a mismatch.
     """
     expected = device_for_rank(backend, local_rank, world_size, env, device_count=backend.device_count())
     got_type = getattr(bound_device, "type", None)
     got_index = getattr(bound_device, "index", None) or 0
-    if got_type != expected.device_type or (expected.env and got_index != expected.index):
+    if got_type != expected.device_type or (check_index and expected.env and got_index != expected.index):
         raise PlacementError(
             f"local rank {local_rank} is bound to {bound_device} but driver {backend.name!r} maps it to "
             f"{expected.device_type}:{expected.index} (visible id {expected.device_id}); check that every rank "

@@ -264,3 +264,12 @@ def test_engine_that_needs_more_devices_than_visible_fails_before_workers_start(
     assert engine_world_size({"tensor_parallel_size": 16, "nnodes": 2}) is None
     assert check_engine_fits(sel, {"tensor_parallel_size": 16, "distributed_executor_backend": "ray"}, {}) == ()
     assert len(check_engine_fits(_selection(CpuBackend(), 1), {"tensor_parallel_size": 2}, {})) == 2
+
+
+def test_worker_binding_under_an_executor_that_assigns_devices_checks_the_type_only():
+    torch = pytest.importorskip("torch")
+    env = {CUDA: "0,1"}
+    got = check_worker_binding(_TwoGpus(), 0, 1, torch.device("cuda", 1), env, check_index=False)
+    assert got.device_type == "cuda"
+    with pytest.raises(PlacementError, match="is bound to cpu"):
+        check_worker_binding(_TwoGpus(), 0, 1, torch.device("cpu"), env, check_index=False)
