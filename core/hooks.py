@@ -112,9 +112,11 @@ class OmniHooks:
         return t.to(self.backend.device())
 
     # ------------------------------------------------------------- binding
-    def bind_model(self, model: Any, vllm_config: Any = None) -> None:
+    def bind_model(self, model: Any, vllm_config: Any = None, mtp_runner: Any = None) -> None:
         """Read the model's omni contract; wrap the talker MTP head for graphs
-        through the Backend when ``capabilities().talker_mtp_graph`` allows."""
+        through the Backend when ``capabilities().talker_mtp_graph`` allows.
+        ``mtp_runner(head) -> callable`` (optional) wraps the head once more,
+        after ``mtp_mode`` is set (V2: persistent buffers, ``core.model_state``)."""
         self.model = model
         self.payloads.device_resident_keys = frozenset(getattr(model, "device_resident_payload_keys", ()))
         mtp = getattr(model, "talker_mtp", None)
@@ -131,6 +133,8 @@ class OmniHooks:
             self._mtp = mtp
             self.mtp_mode = "eager"
             log.info("talker MTP runs eager: driver %s has talker_mtp_graph=%s", self.backend.name, caps.talker_mtp_graph)
+        if mtp_runner is not None:
+            self._mtp = mtp_runner(self._mtp)
 
     # ------------------------------------------------------ on_new_requests
     def on_new_requests(self, new_requests: Iterable[tuple[str, Any]]) -> None:
@@ -246,10 +250,17 @@ class OmniHooks:
             self.mtp_calls[req_id] = self.mtp_calls.get(req_id, 0) + 1
 
     # ------------------------------------------------ get_model_runner_output
-    def get_model_runner_output(self, base: Any) -> Any:
-        """Wrap vLLM's ``ModelRunnerOutput`` into an :class:`OmniModelRunnerOutput`
-        carrying this step's multimodal outputs for the requests in it."""
+    def take_step_outputs(self) -> dict[str, dict[str, torch.Tensor]]:
+        """This step's multimodal outputs (req_id -> name -> CPU tensor), handed over once."""
         step, self._step_outputs = self._step_outputs, {}
+        return step
+
+    def get_model_runner_output(self, base: Any, step: dict[str, dict[str, torch.Tensor]] | None = None) -> Any:
+        """Wrap vLLM's ``ModelRunnerOutput`` into an :class:`OmniModelRunnerOutput`
+        carrying this step's multimodal outputs for the requests in it
+        (``step``: outputs taken earlier with :meth:`take_step_outputs`)."""
+        if step is None:
+            step = self.take_step_outputs()
         if not step or not hasattr(base, "req_ids"):
             return base
         fields = {name: getattr(base, name) for name in _field_names(type(base))}

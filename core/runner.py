@@ -124,10 +124,13 @@ def build_runner_class(backend: Backend, kind: str = AR, *, v2: bool = False) ->
     """
     if kind not in KINDS:
         raise ValueError(f"runner kind must be one of {KINDS}, got {kind!r}")
-    if v2:
-        backend.model_runner_base(v2=True)  # the driver's own error if it cannot run V2
-        raise OmniBackendError(
-            "vLLM's V2 model runner was selected (VLLM_USE_V2_MODEL_RUNNER / config) but the omni hooks are wired "
-            "for V1 here; set VLLM_USE_V2_MODEL_RUNNER=0"
-        )
+    if v2:  # the hooks come through the model's ModelState (core.model_state); the runner adds one output seam
+        if not backend.capabilities().v2_runner:
+            raise OmniBackendError(
+                f"vLLM selected its V2 model runner (VLLM_USE_V2_MODEL_RUNNER / config) but driver {backend.name!r} "
+                "cannot run it (capabilities().v2_runner is False); set VLLM_USE_V2_MODEL_RUNNER=0"
+            )
+        from core.model_state import v2_runner_class
+
+        return v2_runner_class(backend.model_runner_base(v2=True), kind)  # the driver's own error if it cannot
     return _build(backend.model_runner_base(v2=False), kind)

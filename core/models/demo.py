@@ -21,11 +21,24 @@ import torch
 from torch import nn
 from vllm.model_executor.models.llama import LlamaForCausalLM
 
+from core.kinds import AR, GENERATION
 from core.outputs import OmniOutput
+
+
+def _model_state_cls(kind: str) -> type:
+    """vLLM's V2 runner builds this model's state from ``get_model_state_cls()``."""
+    from core.model_state import model_state_cls  # lazy: V1 never imports the V2 state
+
+    return model_state_cls(kind)
 
 
 class OmniDemoThinker(LlamaForCausalLM):
     """Decoder LM whose forward also returns the per-token hidden states."""
+
+    @staticmethod
+    def get_model_state_cls() -> type:
+        """The omni ``ModelState`` (AR kind) vLLM's V2 runner uses for this model."""
+        return _model_state_cls(AR)
 
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs: Any):
         hidden = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
@@ -72,6 +85,11 @@ class OmniDemoTalker(LlamaForCausalLM):
     Payload (``additional_information``): ``thinker_hidden`` float
     ``[prompt_len, thinker_hidden_size]``, ``voice`` int in ``[0, num_voices)``.
     """
+
+    @staticmethod
+    def get_model_state_cls() -> type:
+        """The omni ``ModelState`` (AR kind) vLLM's V2 runner uses for this model."""
+        return _model_state_cls(AR)
 
     accepts_omni_kwargs = True
     device_resident_payload_keys = ("prompt_embeds",)
@@ -122,6 +140,11 @@ class OmniDemoCode2Wav(LlamaForCausalLM):
 
     Payload: ``codes`` int64 ``[T, K]`` (prompt = T placeholder tokens).
     """
+
+    @staticmethod
+    def get_model_state_cls() -> type:
+        """The omni ``ModelState`` (GENERATION kind) vLLM's V2 runner uses for this model."""
+        return _model_state_cls(GENERATION)
 
     def __init__(self, *, vllm_config: Any, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)

