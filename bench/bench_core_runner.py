@@ -1,20 +1,27 @@
 """Issue 3 bench: the core omni runner vs stock vLLM, same model, same run.
 
     python bench/bench_core_runner.py [--rounds 20] [--max-tokens 64] [--batches 1,8]
+                                      [--output-kind FINAL_ONLY|CUMULATIVE|DELTA]
                                       [--reps 41] [--iters 2000] [--out DIR] [--profile]
 
+Runs with ``OMP_NUM_THREADS=1`` unless set (see below), in-process engines.
+
 1. Decode: the demo thinker through our runner (``core.stage.make_engine``:
-   omni worker + runner + scheduler + output processor, driver ``cpu``) vs
-   stock vLLM (``vllm.LLM`` on ``core.models.create.stock_thinker_view``:
-   the same safetensors as plain ``LlamaForCausalLM``). Both engines live in
-   this one process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and are measured
-   alternately: every round runs each batch size on both engines, the order
-   flipping every round (A/B, B/A, ...). One measurement = ``batch`` requests
-   (distinct prompts, ``max_tokens``, ``ignore_eos=True``, greedy) driven by
-   ``LLMEngine.step()``; the first step (prefill) is excluded, every later step
-   is a decode step of ``batch`` tokens. Per round: decode tokens/s =
-   ``batch * steps / sum(step times)``; mean step time. Reported: medians over
-   rounds and the median of the per-round paired ratios omni/stock.
+   omni worker + runner + scheduler + output processor, driver ``cpu``;
+   engine ``omni``, which carries every token's hidden state to the caller)
+   vs stock vLLM (``vllm.LLM`` on ``core.models.create.stock_thinker_view``:
+   the same safetensors as plain ``LlamaForCausalLM``; engine ``stock``).
+   ``omni-plain`` is our runner on that same plain ``LlamaForCausalLM`` (no
+   multimodal outputs): the runner/worker/scheduler overhead alone.
+   All engines live in this one process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+   and run at the same time: each gets the same ``batch`` requests (distinct
+   prompts, ``max_tokens``, ``ignore_eos=True``, greedy), one prefill step
+   each, then their decode steps alternate (A, B, C, B, C, A, ... the order
+   rotating every step), so load from other processes hits all alike. Every
+   decode step produces ``batch`` tokens. Per round: decode tokens/s =
+   ``batch * steps / sum(step times)``, mean step time. Reported: medians
+   over rounds, the ratio of the medians, the median of per-round ratios and
+   the median of adjacent-step ratios (stock step / engine step).
    Goal: omni/stock tokens/s >= 0.99.
 2. Per-call cost of the Backend's forward-context and buffer-copy paths vs
    calling vLLM directly: ``backend.forward_context(None, cfg, num_tokens=8)``
@@ -82,26 +89,44 @@ def prompts(n: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(2, 512) for _ in range(6 + i % 8)] for i in range(n)]
 
 
-def measure_decode(llm, batch: int, max_tokens: int, tag: str, output_kind: str = "FINAL_ONLY") -> list[float]:
-    """Step times (s) of the decode steps of one batch run (prefill step excluded)."""
+def _add_batch(llm, batch: int, max_tokens: int, tag: str, output_kind: str) -> None:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    eng = llm.llm_engine
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0, detokenize=False,
                             output_kind=RequestOutputKind[output_kind])
     for i, p in enumerate(prompts(batch)):
-        eng.add_request(f"{tag}-{i}", {"prompt_token_ids": p}, params)
+        llm.llm_engine.add_request(f"{tag}-{i}", {"prompt_token_ids": p}, params)
+
+
+def measure_decode(engines: dict, batch: int, max_tokens: int, tag: str, output_kind: str = "FINAL_ONLY") -> dict:
+    """One run of ``batch`` requests on every engine at once, stepped in turn.
+
+    Every engine gets the same ``batch`` requests; after one prefill step each,
+    the engines' decode steps alternate (A, B, C, A, B, C, ... with the order
+    rotating every step), so load from other processes hits all engines alike.
+    Returns engine -> list of decode step times (s)."""
+    names = list(engines)
+    for name in names:
+        _add_batch(engines[name], batch, max_tokens, f"{tag}-{name}", output_kind)
     gc.collect()
-    eng.step()  # prefill (+ the first sampled token)
-    steps = []
+    for name in names:
+        engines[name].llm_engine.step()  # prefill (+ the first sampled token)
+    steps: dict = {n: [] for n in names}
     clock = time.perf_counter
-    while eng.has_unfinished_requests():
-        t0 = clock()
-        eng.step()
-        steps.append(clock() - t0)
-    if len(steps) != max_tokens - 1:
-        raise RuntimeError(f"{tag}: expected {max_tokens - 1} decode steps, got {len(steps)} (chunked prefill?)")
+    k = 0
+    while any(engines[n].llm_engine.has_unfinished_requests() for n in names):
+        k += 1
+        j = k % len(names)
+        for name in names[j:] + names[:j]:
+            eng = engines[name].llm_engine
+            if eng.has_unfinished_requests():
+                t0 = clock()
+                eng.step()
+                steps[name].append(clock() - t0)
+    for name, s in steps.items():
+        if len(s) != max_tokens - 1:
+            raise RuntimeError(f"{tag}/{name}: expected {max_tokens - 1} decode steps, got {len(s)} (chunked prefill?)")
     return steps
 
 
@@ -112,16 +137,16 @@ def bench_decode(engines: dict, batches: list[int], rounds: int, max_tokens: int
     names = list(engines)
     for w in range(warmup):
         for b in batches:
-            for name in names:
-                measure_decode(engines[name], b, max_tokens, f"warm{w}-{name}-b{b}", output_kind)
-    per: dict = {b: {n: {"tok_s": [], "step_ms": []} for n in names} for b in batches}
+            measure_decode(engines, b, max_tokens, f"warm{w}-b{b}", output_kind)
+    per: dict = {b: {n: {"tok_s": [], "step_ms": [], "step_ratio": []} for n in names} for b in batches}
     for r in range(rounds):
         for b in batches:
-            k = r % len(names)  # rotate the order every round
-            for name in names[k:] + names[:k]:
-                steps = measure_decode(engines[name], b, max_tokens, f"r{r}-{name}-b{b}", output_kind)
-                per[b][name]["tok_s"].append(b * len(steps) / sum(steps))
-                per[b][name]["step_ms"].append(1000 * statistics.fmean(steps))
+            steps = measure_decode(engines, b, max_tokens, f"r{r}-b{b}", output_kind)
+            for name, s in steps.items():
+                per[b][name]["tok_s"].append(b * len(s) / sum(s))
+                per[b][name]["step_ms"].append(1000 * statistics.fmean(s))
+                # adjacent-in-time step pairs: stock step / this engine's step (> 1: faster than stock)
+                per[b][name]["step_ratio"] += [x / y for x, y in zip(steps["stock"], s)]
     result: dict = {}
     for b in batches:
         ref = per[b]["stock"]
@@ -135,7 +160,8 @@ def bench_decode(engines: dict, batches: list[int], rounds: int, max_tokens: int
                 "ratio_of_medians": statistics.median(d["tok_s"]) / statistics.median(ref["tok_s"]),
                 "median_paired_ratio": statistics.median(paired),
                 "paired_ratio_min_max": [min(paired), max(paired)],
-                "raw": d,
+                "median_step_pair_ratio": statistics.median(d["step_ratio"]),
+                "raw": {k: v for k, v in d.items() if k != "step_ratio"},
             }
     return result
 
@@ -192,7 +218,7 @@ def profile_omni(llm, batch: int, max_tokens: int, output_kind: str, top: int = 
     prof = cProfile.Profile()
     prof.enable()
     for i in range(3):
-        measure_decode(llm, batch, max_tokens, f"prof{i}", output_kind)
+        measure_decode({"omni": llm}, batch, max_tokens, f"prof{i}", output_kind)
     prof.disable()
     s = io.StringIO()
     st = pstats.Stats(prof, stream=s).sort_stats("cumulative")
@@ -251,14 +277,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.rounds} rounds, max_tokens {args.max_tokens}, greedy, ignore_eos, output_kind {args.output_kind}; "
         "runners: " + ", ".join(f"{n} = {r}" for n, r in runners.items()),
         "",
-        "| batch | engine | decode tok/s | mean step ms | vs stock (medians) | vs stock (median paired) | paired min..max |",
+        "| batch | engine | decode tok/s | mean step ms | vs stock: ratio of medians | median of per-round ratios "
+        "(min..max) | median of adjacent-step ratios |",
         "|---|---|---|---|---|---|---|",
     ]
     for b, per in decode.items():
         for name, d in per.items():
             lines.append(
                 f"| {b} | {name} | {d['tok_s']:.0f} | {d['step_ms']:.3f} | {d['ratio_of_medians']:.3f} "
-                f"| {d['median_paired_ratio']:.3f} | {d['paired_ratio_min_max'][0]:.3f}..{d['paired_ratio_min_max'][1]:.3f} |"
+                f"| {d['median_paired_ratio']:.3f} ({d['paired_ratio_min_max'][0]:.3f}..{d['paired_ratio_min_max'][1]:.3f}) "
+                f"| {d['median_step_pair_ratio']:.3f} |"
             )
     lines += ["", "| path | raw µs/call | driver µs/call | driver/raw |", "|---|---|---|---|"]
     for name, v in paths.items():
