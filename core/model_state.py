@@ -501,10 +501,11 @@ class OmniV2RunnerMixin:
             from omni_backends.errors import OmniBackendError
 
             raise OmniBackendError(
-                f"the omni V2 runner needs the model's ModelState to be core.model_state's omni state, got "
-                f"{type(state).__name__}: give {type(self.get_model()).__name__} a "  # type: ignore[attr-defined]
-                "`get_model_state_cls()` returning core.model_state.model_state_cls(kind), or set "
-                "VLLM_USE_V2_MODEL_RUNNER=0"
+                f"the omni V2 runner needs the model's ModelState to be core.model_state's omni state, but vLLM "
+                f"built {type(state).__name__}: either {type(self.get_model()).__name__} has no "  # type: ignore[attr-defined]
+                "`get_model_state_cls()` returning core.model_state.model_state_cls(kind) (give it one), or this "
+                "vLLM / vendor stack does not consult it (vLLM 0.23 and vllm-ascend 0.23's V2 runner do not; "
+                "vLLM >= 0.32 does); set VLLM_USE_V2_MODEL_RUNNER=0 to run the omni hooks on V1"
             )
 
     def sample_tokens(self, grammar_output: Any) -> Any:

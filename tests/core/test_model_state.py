@@ -654,7 +654,7 @@ def test_v2_runner_refuses_a_model_without_the_omni_state():
         def get_model(self):
             return TinyTalker()
 
-    with pytest.raises(OmniBackendError, match=r"give TinyTalker a `get_model_state_cls\(\)`.*VLLM_USE_V2_MODEL_RUNNER=0"):
+    with pytest.raises(OmniBackendError, match=r"vLLM built object: either TinyTalker has no `get_model_state_cls\(\)`.*VLLM_USE_V2_MODEL_RUNNER=0"):
         type("R", (OmniV2RunnerMixin, Base), {})().load_model()
 
 
