@@ -113,7 +113,8 @@ def measure_decode(engines: dict, batch: int, max_tokens: int, tag: str, output_
     for name in names:
         engines[name].llm_engine.step()  # prefill (+ the first sampled token)
     steps: dict = {n: [] for n in names}
-    clock = time.perf_counter
+    cpu: dict = {n: [] for n in names}
+    clock, cpu_clock = time.perf_counter, time.thread_time
     k = 0
     while any(engines[n].llm_engine.has_unfinished_requests() for n in names):
         k += 1
@@ -121,13 +122,15 @@ def measure_decode(engines: dict, batch: int, max_tokens: int, tag: str, output_
         for name in names[j:] + names[:j]:
             eng = engines[name].llm_engine
             if eng.has_unfinished_requests():
-                t0 = clock()
+                c0, t0 = cpu_clock(), clock()
                 eng.step()
-                steps[name].append(clock() - t0)
+                t1, c1 = clock(), cpu_clock()
+                steps[name].append(t1 - t0)
+                cpu[name].append(c1 - c0)
     for name, s in steps.items():
         if len(s) != max_tokens - 1:
             raise RuntimeError(f"{tag}/{name}: expected {max_tokens - 1} decode steps, got {len(s)} (chunked prefill?)")
-    return steps
+    return {"wall": steps, "cpu": cpu}
 
 
 def bench_decode(engines: dict, batches: list[int], rounds: int, max_tokens: int, output_kind: str,
@@ -138,15 +141,16 @@ def bench_decode(engines: dict, batches: list[int], rounds: int, max_tokens: int
     for w in range(warmup):
         for b in batches:
             measure_decode(engines, b, max_tokens, f"warm{w}-b{b}", output_kind)
-    per: dict = {b: {n: {"tok_s": [], "step_ms": [], "step_ratio": []} for n in names} for b in batches}
+    per: dict = {b: {n: {"tok_s": [], "step_ms": [], "cpu_step_ms": [], "step_ratio": []} for n in names} for b in batches}
     for r in range(rounds):
         for b in batches:
-            steps = measure_decode(engines, b, max_tokens, f"r{r}-b{b}", output_kind)
-            for name, s in steps.items():
+            m = measure_decode(engines, b, max_tokens, f"r{r}-b{b}", output_kind)
+            for name, s in m["wall"].items():
                 per[b][name]["tok_s"].append(b * len(s) / sum(s))
                 per[b][name]["step_ms"].append(1000 * statistics.fmean(s))
+                per[b][name]["cpu_step_ms"].append(1000 * statistics.fmean(m["cpu"][name]))
                 # adjacent-in-time step pairs: stock step / this engine's step (> 1: faster than stock)
-                per[b][name]["step_ratio"] += [x / y for x, y in zip(steps["stock"], s)]
+                per[b][name]["step_ratio"] += [x / y for x, y in zip(m["wall"]["stock"], s)]
     result: dict = {}
     for b in batches:
         ref = per[b]["stock"]
@@ -161,6 +165,9 @@ def bench_decode(engines: dict, batches: list[int], rounds: int, max_tokens: int
                 "median_paired_ratio": statistics.median(paired),
                 "paired_ratio_min_max": [min(paired), max(paired)],
                 "median_step_pair_ratio": statistics.median(d["step_ratio"]),
+                "cpu_step_ms": statistics.median(d["cpu_step_ms"]),
+                # thread CPU time is not inflated when another process preempts this one
+                "cpu_ratio": statistics.median(ref["cpu_step_ms"]) / statistics.median(d["cpu_step_ms"]),
                 "raw": {k: v for k, v in d.items() if k != "step_ratio"},
             }
     return result
@@ -237,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--output-kind", default="FINAL_ONLY", choices=["FINAL_ONLY", "CUMULATIVE", "DELTA"],
                     help="RequestOutputKind of the requests (LLM.generate uses FINAL_ONLY; streaming uses the others)")
+    ap.add_argument("--control", action="store_true", help="add a second stock engine (A/A control)")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
@@ -263,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         "omni-plain": make_engine(stock_dir, device="cpu", **ENGINE_KW),
         "stock": LLM(stock_dir, **ENGINE_KW),
     }
+    if args.control:  # a second stock engine: the spread of an A/A comparison in this setup
+        engines["stock-2"] = LLM(stock_dir, **ENGINE_KW)
     runners = {n: type(e.llm_engine.model_executor.driver_worker.worker.model_runner).__name__
                for n, e in engines.items()}
 
@@ -278,15 +288,15 @@ def main(argv: list[str] | None = None) -> int:
         "runners: " + ", ".join(f"{n} = {r}" for n, r in runners.items()),
         "",
         "| batch | engine | decode tok/s | mean step ms | vs stock: ratio of medians | median of per-round ratios "
-        "(min..max) | median of adjacent-step ratios |",
-        "|---|---|---|---|---|---|---|",
+        "(min..max) | median of adjacent-step ratios | CPU ms/step | vs stock by CPU time |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for b, per in decode.items():
         for name, d in per.items():
             lines.append(
                 f"| {b} | {name} | {d['tok_s']:.0f} | {d['step_ms']:.3f} | {d['ratio_of_medians']:.3f} "
                 f"| {d['median_paired_ratio']:.3f} ({d['paired_ratio_min_max'][0]:.3f}..{d['paired_ratio_min_max'][1]:.3f}) "
-                f"| {d['median_step_pair_ratio']:.3f} |"
+                f"| {d['median_step_pair_ratio']:.3f} | {d['cpu_step_ms']:.3f} | {d['cpu_ratio']:.3f} |"
             )
     lines += ["", "| path | raw µs/call | driver µs/call | driver/raw |", "|---|---|---|---|"]
     for name, v in paths.items():

@@ -247,30 +247,37 @@ local["torch"] = 1
 '''
 
 
-def test_device_scanner_reports_each_offence_with_file_and_line(tmp_path):
+BAD_IMPORTS = """\
+import core.hooks
+from core import runner
+import importlib
+importlib.import_module('core.stage')
+import corelib
+from omni_backends import core_like
+"""
+
+
+def _scan(tmp_path, source: str, scanner) -> tuple[list[str], list[int]]:
     f = tmp_path / "bad.py"
-    f.write_text(BAD_CORE)
-    found = device_names_in(f)
-    lines = sorted(int(p.split(":")[1]) for p in found)
-    assert lines == [3, 4, 5, 6, 7, 8, 9, 10], found
-    assert all(p.startswith(f"{f}:") for p in found)
+    f.write_text(source)
+    found = scanner(f)
+    assert all(p.startswith(f"{f}:") for p in found), found
+    return found, sorted(int(p.split(":")[1]) for p in found)
+
+
+@pytest.mark.parametrize("source, scanner, lines", [
+    (BAD_CORE, device_names_in, [3, 4, 5, 6, 7, 8, 9, 10]),
+    (BAD_TORCH, torch_rebinding_in, [5, 6, 7, 8, 9, 10, 11, 12]),
+    (BAD_IMPORTS, core_imports_in, [1, 2, 4]),
+], ids=["device-names", "torch-rebinding", "core-imports"])
+def test_scanner_reports_each_offence_with_file_and_line(tmp_path, source, scanner, lines):
+    found, got = _scan(tmp_path, source, scanner)
+    assert got == lines, found
+
+
+def test_device_scanner_says_what_to_use_instead(tmp_path):
+    found, _ = _scan(tmp_path, BAD_CORE, device_names_in)
     assert any("is_cuda" in p and "Backend.is_device_tensor" in p for p in found)
-
-
-def test_torch_rebinding_scanner_reports_each_offence(tmp_path):
-    f = tmp_path / "bad.py"
-    f.write_text(BAD_TORCH)
-    found = torch_rebinding_in(f)
-    lines = sorted(int(p.split(":")[1]) for p in found)
-    assert lines == [5, 6, 7, 8, 9, 10, 11, 12], found
-
-
-def test_core_import_scanner_reports_static_and_dynamic_imports(tmp_path):
-    f = tmp_path / "bad.py"
-    f.write_text("import core.hooks\nfrom core import runner\nimport importlib\nimportlib.import_module('core.stage')\n"
-                 "import corelib\nfrom omni_backends import core_like\n")
-    found = core_imports_in(f)
-    assert sorted(int(p.split(":")[1]) for p in found) == [1, 2, 4], found
 
 
 # -------------------------------------------- what importing really loads
