@@ -53,6 +53,7 @@ import bisect
 import contextlib
 import functools
 import logging
+import sys
 from typing import Any, Callable, ContextManager
 
 from core.kinds import AR, GENERATION, KINDS
@@ -64,48 +65,31 @@ log = logging.getLogger(__name__)
 # ----------------------------------------------------------------- vLLM V2 symbols
 # Declared once (omni_backends.binding); tests/core/test_model_state.py runs the
 # drift check over them against vLLM 0.33.0's source.
-DEFAULT_MODEL_STATE = VendorSymbol(
-    "vllm.v1.worker.gpu.model_states.default",
-    "DefaultModelState",
-    params=("vllm_config", "model", "encoder_cache", "device"),
-    required=("vllm_config", "model", "encoder_cache", "device"),
-    kind="class",
+_DEFAULT = "vllm.v1.worker.gpu.model_states.default"
+_INTERFACE = "vllm.v1.worker.gpu.model_states.interface"
+
+
+def _called(module: str, attr: str, *params: str, kind: str = "callable") -> VendorSymbol:
+    """A vLLM callable the state calls or overrides with all of ``params``."""
+    frame = sys._getframe(1)
+    return VendorSymbol(module, attr, params=params, required=params, kind=kind,
+                        defined_at=f"{frame.f_code.co_filename}:{frame.f_lineno}")
+
+
+DEFAULT_MODEL_STATE = _called(_DEFAULT, "DefaultModelState", "vllm_config", "model", "encoder_cache", "device", kind="class")
+RESOLVE_MODEL_STATE_CLS = _called("vllm.v1.worker.gpu.model_states", "resolve_model_state_cls", "vllm_config", "model")
+MS_ADD_REQUEST = _called(_DEFAULT, "DefaultModelState.add_request", "req_index", "new_req_data")
+MS_REMOVE_REQUEST = _called(_DEFAULT, "DefaultModelState.remove_request", "req_id")
+MS_PREPARE_INPUTS = _called(_DEFAULT, "DefaultModelState.prepare_inputs", "input_batch", "req_states")
+MS_PREPARE_INPUTS_EMBEDS = _called(
+    _DEFAULT, "DefaultModelState.prepare_inputs_embeds", "scheduled_encoder_inputs", "input_batch", "req_states"
 )
-RESOLVE_MODEL_STATE_CLS = VendorSymbol(
-    "vllm.v1.worker.gpu.model_states", "resolve_model_state_cls", params=("vllm_config", "model"),
-    required=("vllm_config", "model"),
+MS_PREPARE_DUMMY_INPUTS = _called(_DEFAULT, "DefaultModelState.prepare_dummy_inputs", "num_reqs", "num_tokens")
+MS_CUSTOM_SAMPLER = _called(_INTERFACE, "ModelState.custom_sampler", "sampler")
+MS_CAPTURE_INNER = _called(
+    _INTERFACE, "ModelState.capture_inner_cudagraphs", "input_buffers", "block_tables", "attn_groups", "kv_cache_config"
 )
-MS_ADD_REQUEST = VendorSymbol(
-    "vllm.v1.worker.gpu.model_states.default", "DefaultModelState.add_request",
-    params=("req_index", "new_req_data"), required=("req_index", "new_req_data"),
-)
-MS_REMOVE_REQUEST = VendorSymbol(
-    "vllm.v1.worker.gpu.model_states.default", "DefaultModelState.remove_request", params=("req_id",), required=("req_id",)
-)
-MS_PREPARE_INPUTS = VendorSymbol(
-    "vllm.v1.worker.gpu.model_states.default", "DefaultModelState.prepare_inputs",
-    params=("input_batch", "req_states"), required=("input_batch", "req_states"),
-)
-MS_PREPARE_INPUTS_EMBEDS = VendorSymbol(
-    "vllm.v1.worker.gpu.model_states.default", "DefaultModelState.prepare_inputs_embeds",
-    params=("scheduled_encoder_inputs", "input_batch", "req_states"),
-    required=("scheduled_encoder_inputs", "input_batch", "req_states"),
-)
-MS_PREPARE_DUMMY_INPUTS = VendorSymbol(
-    "vllm.v1.worker.gpu.model_states.default", "DefaultModelState.prepare_dummy_inputs",
-    params=("num_reqs", "num_tokens"), required=("num_reqs", "num_tokens"),
-)
-MS_CUSTOM_SAMPLER = VendorSymbol(
-    "vllm.v1.worker.gpu.model_states.interface", "ModelState.custom_sampler", params=("sampler",), required=("sampler",)
-)
-MS_CAPTURE_INNER = VendorSymbol(
-    "vllm.v1.worker.gpu.model_states.interface", "ModelState.capture_inner_cudagraphs",
-    params=("input_buffers", "block_tables", "attn_groups", "kv_cache_config"),
-    required=("input_buffers", "block_tables", "attn_groups", "kv_cache_config"),
-)
-MS_ADDITIONAL_CG = VendorSymbol(
-    "vllm.v1.worker.gpu.model_states.interface", "ModelState.get_additional_cg_support", required=()
-)
+MS_ADDITIONAL_CG = _called(_INTERFACE, "ModelState.get_additional_cg_support")
 # What the state reads: the V2 batch, request state, new-request data, sampler output.
 INPUT_BATCH_FIELDS = tuple(
     VendorSymbol("vllm.v1.worker.gpu.input_batch", f"InputBatch.{name}", kind="attribute")
@@ -120,24 +104,16 @@ NEW_REQUEST_FIELDS = tuple(
     VendorSymbol("vllm.v1.core.sched.output", f"NewRequestData.{name}", kind="attribute")
     for name in ("req_id", "sampling_params")
 )
-V2_SAMPLER_CALL = VendorSymbol(
-    "vllm.v1.worker.gpu.sample.sampler", "Sampler.__call__", params=("logits", "input_batch"),
-    required=("logits", "input_batch"),
-)
+V2_SAMPLER_CALL = _called("vllm.v1.worker.gpu.sample.sampler", "Sampler.__call__", "logits", "input_batch")
 V2_SAMPLED_TOKEN_IDS = VendorSymbol("vllm.v1.worker.gpu.sample.output", "SamplerOutput.sampled_token_ids", kind="attribute")
-V2_SAMPLE_TOKENS = VendorSymbol(
-    "vllm.v1.worker.gpu.model_runner", "GPUModelRunner.sample_tokens", params=("grammar_output",),
-    required=("grammar_output",),
-)
+V2_SAMPLE_TOKENS = _called("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.sample_tokens", "grammar_output")
 V2_MODEL_STATE_ATTR = VendorSymbol("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.model_state", kind="attribute")
 ATTENTION_CG_SUPPORT = VendorSymbol("vllm.v1.attention.backend", "AttentionCGSupport", kind="class")
 BATCH_DESCRIPTOR = VendorSymbol(
     "vllm.forward_context", "BatchDescriptor", params=("num_tokens",), required=("num_tokens",), kind="class"
 )
 CUDAGRAPH_MODE = VendorSymbol("vllm.config", "CUDAGraphMode", kind="class")
-REQUIRES_RAW_INPUT_TOKENS = VendorSymbol(
-    "vllm.model_executor.models.interfaces", "requires_raw_input_tokens", params=("model",), required=("model",)
-)
+REQUIRES_RAW_INPUT_TOKENS = _called("vllm.model_executor.models.interfaces", "requires_raw_input_tokens", "model")
 
 V2_SYMBOLS: tuple[VendorSymbol, ...] = (
     DEFAULT_MODEL_STATE, RESOLVE_MODEL_STATE_CLS, MS_ADD_REQUEST, MS_REMOVE_REQUEST, MS_PREPARE_INPUTS,
