@@ -470,6 +470,12 @@ class OmniV2RunnerMixin:
     hooks when the step ends, so an output read later by async scheduling gets
     its own step's outputs). ``load_model`` checks the model's state is omni."""
 
+    @property
+    def omni_hooks(self) -> Any:
+        """The model state's :class:`~core.hooks.OmniHooks` (``None`` before
+        ``load_model``), where the V1 runner keeps its own (``omni_state`` RPC)."""
+        return getattr(getattr(self, "model_state", None), "omni_hooks", None)
+
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         super().load_model(*args, **kwargs)  # type: ignore[misc]
         state = getattr(self, "model_state", None)
@@ -488,7 +494,7 @@ class OmniV2RunnerMixin:
         out = super().sample_tokens(grammar_output)  # type: ignore[misc]
         if out is None:
             return out
-        hooks = self.model_state.omni_hooks  # type: ignore[attr-defined]
+        hooks = self.omni_hooks
         convert = functools.partial(hooks.get_model_runner_output, step=hooks.take_step_outputs())
         if hasattr(out, "get_output") and not hasattr(out, "req_ids"):  # vLLM's AsyncOutput
             from core.runner import _OmniAsyncOutput

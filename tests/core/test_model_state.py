@@ -581,7 +581,9 @@ def _v2_step(vllm_config, model, pl, b):
             return _runner_output(IDS)
 
     runner = type("V2", (OmniV2RunnerMixin, V2Base), {})()
+    assert runner.omni_hooks is None  # before load_model
     runner.load_model()
+    assert runner.omni_hooks is state.omni_hooks  # what the worker's omni_state RPC reads
     runner.execute_model()
     out = runner.sample_tokens(None)
     state.remove_request("mid")
@@ -681,7 +683,7 @@ def test_v2_runner_class_is_the_seam_over_the_drivers_v2_base():
     assert cls.__name__ == "OmniGenerationGPUModelRunner"
     assert v2_runner_class(GPUModelRunner, GENERATION) is cls
     overridden = {n for n in vars(OmniV2RunnerMixin) if not n.startswith("__")}
-    assert overridden == {"load_model", "sample_tokens"}  # no execute_model / _dummy_run copy
+    assert overridden == {"load_model", "sample_tokens", "omni_hooks"}  # no execute_model / _dummy_run copy
 
 
 # ------------------------------------------------------------ drift (static)
