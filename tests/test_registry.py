@@ -511,3 +511,23 @@ def test_errors_survive_pickling_between_processes():
     assert isinstance(err, OmniBackendError)
     unknown = pickle.loads(pickle.dumps(UnknownDeviceError("unknown device 'tpu'")))
     assert isinstance(unknown, ValueError) and str(unknown) == "unknown device 'tpu'"
+
+
+def test_interface_versions_given_as_a_bare_int_is_refused_clearly(tmp_path, cache_home):
+    site = _site(tmp_path, fake_scalar={"scalar-interface": FAKE + "ScalarInterfaceBackend"},
+                 fake_low={"usable-low": FAKE + "UsableLowBackend"})
+    rep = devices_json(site, cache_home, "--device", "scalar-interface")
+    problem = driver(rep, "scalar-interface")["problem"]
+    assert "interface_versions=1" in problem and "tuple of ints" in problem and "fake-scalar" in problem
+    assert rep["selection"]["error"].startswith("IncompatibleDriverError")
+    assert devices_json(site, cache_home)["selection"]["selected"] == "usable-low"  # the others still work
+
+
+def test_driver_missing_identity_attributes_is_refused_clearly(tmp_path, cache_home):
+    site = _site(tmp_path, fake_noid={"no-identity": FAKE + "NoIdentityBackend"},
+                 fake_low={"usable-low": FAKE + "UsableLowBackend"})
+    rep = devices_json(site, cache_home)
+    assert rep["_returncode"] == 0, rep["_stderr"]
+    problem = driver(rep, "no-identity")["problem"]
+    assert "device_type" in problem and "priority" in problem and "fake-noid" in problem
+    assert rep["selection"]["selected"] == "usable-low"

@@ -162,3 +162,25 @@ class ProbeLogBackend(_Fake):
         with open(os.environ["FAKE_PROBE_LOG"], "a") as f:
             f.write("probe\n")
         return super().probe()
+
+
+class ScalarInterfaceBackend(_Fake):
+    """Declares its interface version as a bare int instead of a tuple."""
+
+    name = "scalar-interface"
+    priority = 6
+    interface_versions = 1
+
+
+class NoIdentityBackend(Backend):
+    """Forgets part of its identity: no device_type, and a priority that is not an int."""
+
+    name = "no-identity"
+    dist_backend = "gloo"
+    visible_devices_env = None
+    priority = "high"
+    vllm_device_type = "cpu"
+
+    @classmethod
+    def probe(cls) -> ProbeResult:
+        return ProbeResult(ProbeState.USABLE, "fake device present", {})
