@@ -229,11 +229,22 @@ def _interface_problem(plugin: Any, value: str, dists: list[str]) -> str | None:
     """Why a loaded entry-point object is not a usable driver class, or None."""
     if not (isinstance(plugin, type) and issubclass(plugin, Backend)):
         return f"entry point {value!r} is not a Backend subclass (got {plugin!r}); fix the distribution {', '.join(dists)}"
+    identity = {"name": str, "device_type": str, "dist_backend": str, "priority": int, "vllm_device_type": str}
+    bad = [f"{attr} (got {getattr(plugin, attr, 'nothing')!r})" for attr, kind in identity.items()
+           if not isinstance(getattr(plugin, attr, None), kind) or isinstance(getattr(plugin, attr, None), bool)]
+    if not hasattr(plugin, "visible_devices_env"):
+        bad.append("visible_devices_env (got nothing)")
+    if bad:
+        return (
+            f"driver class {plugin.__qualname__} lacks a valid identity: {', '.join(bad)}; see "
+            f"omni_backends.backend.Backend for the required class attributes. Fix the distribution {', '.join(dists)}"
+        )
     versions = getattr(plugin, "interface_versions", ())
-    try:
-        versions = tuple(versions)
-    except TypeError:
-        versions = (versions,)
+    if not (isinstance(versions, (tuple, list)) and all(isinstance(v, int) for v in versions)):
+        return (
+            f"driver class {plugin.__qualname__} declares interface_versions={versions!r}; it must be a tuple "
+            f"of ints such as ({INTERFACE_VERSION},). Fix the distribution {', '.join(dists)}"
+        )
     if INTERFACE_VERSION not in versions:
         return (
             f"driver implements Backend interface version(s) {list(versions)} but this omni-backends speaks "
