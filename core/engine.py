@@ -89,8 +89,8 @@ class OmniOutputProcessor(OutputProcessor):
         acc = self._acc()
         for eco in engine_core_outputs:
             mm = getattr(eco, "multimodal_outputs", None)
-            state = self.request_states.get(eco.request_id)
-            if mm and state is not None:  # key by the caller's (external) request id
+            state = self.request_states.get(eco.request_id) if mm else None
+            if state is not None:  # key by the caller's (external) request id
                 acc.setdefault(state.external_req_id, []).append(mm)
         result = super().process_outputs(engine_core_outputs, *args, **kwargs)
         for ro in result.request_outputs:

@@ -107,6 +107,14 @@ class OmniHooks:
         self._mtp: Any = None
         self.mtp_calls: dict[str, int] = {}
         self.mtp_mode = "none"
+        self._read_contract(None)
+
+    def _read_contract(self, model: Any) -> None:
+        # read once: a missing attribute on an nn.Module costs a __getattr__ miss + AttributeError per step
+        self._model_preprocess = getattr(model, "omni_preprocess", None)
+        self._model_postprocess = getattr(model, "omni_postprocess_request", None)
+        self._accepts_kwargs = bool(getattr(model, "accepts_omni_kwargs", False))
+        self._mtp_key = getattr(model, "talker_mtp_output_key", "residual_codes")
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.backend.device())
@@ -118,6 +126,7 @@ class OmniHooks:
         ``mtp_runner(head) -> callable`` (optional) wraps the head once more,
         after ``mtp_mode`` is set (V2: persistent buffers, ``core.model_state``)."""
         self.model = model
+        self._read_contract(model)
         self.payloads.device_resident_keys = frozenset(getattr(model, "device_resident_payload_keys", ()))
         mtp = getattr(model, "talker_mtp", None)
         if mtp is None:
@@ -140,7 +149,7 @@ class OmniHooks:
     def on_new_requests(self, new_requests: Iterable[tuple[str, Any]]) -> None:
         """Store each new request's payload (from ``sampling_params.extra_args``)
         and run the model's ``omni_preprocess`` on it once."""
-        pre = getattr(self.model, "omni_preprocess", None)
+        pre = self._model_preprocess
         for req_id, sampling_params in new_requests:
             if self.kind == GENERATION and getattr(sampling_params, "max_tokens", 1) != 1:
                 raise ValueError(
@@ -163,6 +172,9 @@ class OmniHooks:
 
     # ------------------------------------------------ prepare_prefill_embeds
     def needs_embeds(self, batch: BatchView) -> bool:
+        """True if a request with ``prompt_embeds`` has prompt rows in this batch."""
+        if not len(self.payloads) or not (batch.num_computed < batch.num_prompt).any():  # e.g. decode-only steps
+            return False
         return any(
             "prompt_embeds" in self.payloads.get(r) and batch.prefill_rows(i)[2] > 0
             for i, r in enumerate(batch.req_ids)
@@ -189,7 +201,7 @@ class OmniHooks:
     # ---------------------------------------------------- build_extra_kwargs
     def build_extra_kwargs(self, batch: BatchView) -> dict[str, Any]:
         """Model kwargs extra for models with ``accepts_omni_kwargs``."""
-        if not getattr(self.model, "accepts_omni_kwargs", False):
+        if not self._accepts_kwargs:
             return {}
         return {
             "runtime_additional_information": [self.payloads.get(r) for r in batch.req_ids],
@@ -214,7 +226,7 @@ class OmniHooks:
                 for i, req_id in enumerate(batch.req_ids):
                     start, end = batch.span(i)
                     self._add(req_id, key, host[start:end])
-        post = getattr(self.model, "omni_postprocess_request", None)
+        post = self._model_postprocess
         if post is not None:
             for i, req_id in enumerate(batch.req_ids):
                 start, end = batch.span(i)
@@ -243,7 +255,7 @@ class OmniHooks:
         code0 = sampled[sample_ids, 0].to(torch.int64)
         residual = self._mtp(hidden_states.index_select(0, idx), code0)
         host = self.backend.to_host(residual)
-        key = getattr(self.model, "talker_mtp_output_key", "residual_codes")
+        key = self._mtp_key
         for j, i in enumerate(sample_ids):
             req_id = batch.req_ids[i]
             self._add(req_id, key, host[j : j + 1])
