@@ -201,6 +201,15 @@ class StaticTalkerMTP:
         return len(self.sizes or [])
 
 
+def mtp_graph_context(backend: Any, vllm_config: Any, p: int) -> ContextManager[None]:
+    """The FULL forward context that selects the talker-MTP graph for ``p`` rows
+    (``Backend.forward_context`` with a ``BatchDescriptor(num_tokens=p)``); V1 and V2 use it."""
+    return backend.forward_context(
+        None, vllm_config, num_tokens=p, cudagraph_runtime_mode=CUDAGRAPH_MODE.resolve().FULL,
+        batch_descriptor=BATCH_DESCRIPTOR.resolve()(num_tokens=p),
+    )
+
+
 # ------------------------------------------------------------------ model state
 class OmniModelStateMixin:
     """The omni part of the V2 model state (see the module docstring).
@@ -259,11 +268,7 @@ class OmniModelStateMixin:
         return self.talker_mtp
 
     def _mtp_graph_context(self, p: int) -> ContextManager[None]:
-        full = CUDAGRAPH_MODE.resolve().FULL
-        return self.backend.forward_context(
-            None, self.vllm_config, num_tokens=p, cudagraph_runtime_mode=full,
-            batch_descriptor=BATCH_DESCRIPTOR.resolve()(num_tokens=p),
-        )
+        return mtp_graph_context(self.backend, self.vllm_config, p)
 
     def capture_inner_cudagraphs(self, input_buffers: Any, block_tables: Any, attn_groups: Any, kv_cache_config: Any) -> None:
         """Capture the talker MTP's FULL graphs (one per capture size) through

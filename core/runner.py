@@ -26,7 +26,7 @@ from typing import Any
 
 from core.hooks import BatchView, OmniHooks
 from core.kinds import AR, KINDS
-from omni_backends.backend import Backend
+from omni_backends.backend import Backend, capture_sizes
 from omni_backends.errors import OmniBackendError
 from omni_backends.registry import get_backend
 
@@ -45,7 +45,38 @@ class OmniV1RunnerMixin:
     # -------------------------------------------------------------- seams
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         super().load_model(*args, **kwargs)
-        self.omni_hooks.bind_model(self.get_model(), self.vllm_config)
+        self._omni_talker_mtp = None
+        self.omni_hooks.bind_model(self.get_model(), self.vllm_config, mtp_runner=self._omni_static_mtp)
+
+    def _omni_static_mtp(self, head: Any) -> Any:
+        """Graph mode: run the (Backend-wrapped) MTP head on persistent buffers
+        under its FULL forward context, one graph per capture size
+        (:class:`core.model_state.StaticTalkerMTP`, shared with V2). Eager: unchanged."""
+        if self.omni_hooks.mtp_mode != "graph":
+            return head
+        from core.model_state import StaticTalkerMTP, mtp_graph_context
+
+        self._omni_talker_mtp = StaticTalkerMTP(
+            head, self.max_num_reqs, self.model_config.get_hidden_size(), self.dtype, self.device,
+            sizes=capture_sizes(self.max_num_reqs),
+            context=functools.partial(mtp_graph_context, self.omni_hooks.backend, self.vllm_config),
+        )
+        return self._omni_talker_mtp
+
+    def capture_model(self) -> int:
+        """vLLM's captures, then the talker MTP's (capturing enabled only around them)."""
+        n = super().capture_model()
+        mtp = getattr(self, "_omni_talker_mtp", None)
+        if mtp is not None and mtp.sizes:
+            from vllm.compilation.monitor import set_cudagraph_capturing_enabled
+
+            set_cudagraph_capturing_enabled(True)
+            try:
+                with self.omni_hooks.backend.graph_capture_context(self.device):
+                    mtp.capture()
+            finally:
+                set_cudagraph_capturing_enabled(False)
+        return n
 
     def _update_states(self, scheduler_output: Any) -> Any:
         self.omni_hooks.on_finished_requests(scheduler_output.finished_req_ids)
