@@ -46,6 +46,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -233,7 +234,7 @@ def profile_omni(llm, batch: int, max_tokens: int, output_kind: str, top: int = 
     return s.getvalue()
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -244,9 +245,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--output-kind", default="FINAL_ONLY", choices=["FINAL_ONLY", "CUMULATIVE", "DELTA"],
                     help="RequestOutputKind of the requests (LLM.generate uses FINAL_ONLY; streaming uses the others)")
-    ap.add_argument("--control", action="store_true", help="add a second stock engine (A/A control)")
+    ap.add_argument("--control", action="store_true", help="add a second stock engine (A/A control), created last")
+    ap.add_argument("--create-order", default="omni,omni-plain,stock",
+                    help="engines to build, in creation order (the creation order can bias a few %%; see RESULTS.md)")
     ap.add_argument("--profile", action="store_true")
-    args = ap.parse_args(argv)
+    ap.add_argument("--both-orders", action="store_true",
+                    help="run twice in child processes, engines created in --create-order and reversed; combine")
+    return ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Build the engines in this process and measure; returns the raw result."""
     batches = [int(b) for b in args.batches.split(",")]
 
     from core.models.create import create_demo_models, stock_thinker_view
@@ -266,31 +275,39 @@ def main(argv: list[str] | None = None) -> int:
     from omni_backends.registry import get_backend
 
     info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **machine()}
-    engines = {
-        "omni": make_engine(thinker, device="cpu", **ENGINE_KW),
-        "omni-plain": make_engine(stock_dir, device="cpu", **ENGINE_KW),
-        "stock": LLM(stock_dir, **ENGINE_KW),
+    makers = {
+        "omni": lambda: make_engine(thinker, device="cpu", **ENGINE_KW),
+        "omni-plain": lambda: make_engine(stock_dir, device="cpu", **ENGINE_KW),
+        "stock": lambda: LLM(stock_dir, **ENGINE_KW),
+        "stock-2": lambda: LLM(stock_dir, **ENGINE_KW),  # a second stock engine: an A/A control
     }
-    if args.control:  # a second stock engine: the spread of an A/A comparison in this setup
-        engines["stock-2"] = LLM(stock_dir, **ENGINE_KW)
-    runners = {n: type(e.llm_engine.model_executor.driver_worker.worker.model_runner).__name__
-               for n, e in engines.items()}
+    order = args.create_order.split(",") + (["stock-2"] if args.control else [])
+    if set(order) - set(makers) or "stock" not in order or len(set(order)) != len(order):
+        raise SystemExit(f"--create-order takes distinct names from {sorted(makers)} including 'stock'")
+    engines = {name: makers[name]() for name in order}  # creation order = this order
+    info["runners"] = {n: type(e.llm_engine.model_executor.driver_worker.worker.model_runner).__name__
+                       for n, e in engines.items()}
 
     decode = bench_decode(engines, batches, args.rounds, args.max_tokens, args.output_kind)
     paths = bench_paths(get_backend(), engines["stock"].llm_engine.vllm_config, args.reps, args.iters)
     info["loadavg_end"] = os.getloadavg()
+    prof = profile_omni(engines["omni"], max(batches), args.max_tokens, args.output_kind) \
+        if args.profile and "omni" in engines else None
+    return {"info": info, "decode": {str(k): v for k, v in decode.items()}, "paths": paths, "profile": prof}
 
-    lines = [
-        f"date {info['date']}; {info['cpu']}, {info['cores']} cores, torch {info['torch']} "
-        f"({info['torch_threads']} intra-op threads), vLLM {info['vllm']}, Python {info['python']}; "
-        f"load average start {info['loadavg_start'][0]:.2f} end {info['loadavg_end'][0]:.2f}",
-        f"{args.rounds} rounds, max_tokens {args.max_tokens}, greedy, ignore_eos, output_kind {args.output_kind}; "
-        "runners: " + ", ".join(f"{n} = {r}" for n, r in runners.items()),
-        "",
-        "| batch | engine | decode tok/s | mean step ms | vs stock: ratio of medians | median of per-round ratios "
-        "(min..max) | median of adjacent-step ratios | CPU ms/step | vs stock by CPU time |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+
+def _decode_table(decode: dict, combined: bool = False) -> list[str]:
+    if combined:
+        lines = ["| batch | engine | decode tok/s | mean step ms | vs stock: ratio of medians "
+                 "| median of adjacent-step ratios | vs stock by CPU time |", "|---|---|---|---|---|---|---|"]
+        for b, per in decode.items():
+            for name, d in per.items():
+                lines.append(f"| {b} | {name} | {d['tok_s']:.0f} | {d['step_ms']:.3f} | {d['ratio_of_medians']:.3f} "
+                             f"| {d['median_step_pair_ratio']:.3f} | {d['cpu_ratio']:.3f} |")
+        return lines
+    lines = ["| batch | engine | decode tok/s | mean step ms | vs stock: ratio of medians | median of per-round ratios "
+             "(min..max) | median of adjacent-step ratios | CPU ms/step | vs stock by CPU time |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for b, per in decode.items():
         for name, d in per.items():
             lines.append(
@@ -298,21 +315,98 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {d['median_paired_ratio']:.3f} ({d['paired_ratio_min_max'][0]:.3f}..{d['paired_ratio_min_max'][1]:.3f}) "
                 f"| {d['median_step_pair_ratio']:.3f} | {d['cpu_step_ms']:.3f} | {d['cpu_ratio']:.3f} |"
             )
-    lines += ["", "| path | raw µs/call | driver µs/call | driver/raw |", "|---|---|---|---|"]
+    return lines
+
+
+def _paths_table(paths: dict) -> list[str]:
+    lines = ["| path | raw µs/call | driver µs/call | driver/raw |", "|---|---|---|---|"]
     for name, v in paths.items():
         lines.append(f"| {name} | {v['raw']:.3f} | {v['driver']:.3f} | {v['ratio']:.3f} |")
-    text = "\n".join(lines)
+    return lines
+
+
+def report(res: dict) -> str:
+    info = res["info"]
+    head = [
+        f"date {info['date']}; {info['cpu']}, {info['cores']} cores, torch {info['torch']} "
+        f"({info['torch_threads']} intra-op threads), vLLM {info['vllm']}, Python {info['python']}; "
+        f"load average start {info['loadavg_start'][0]:.2f} end {info['loadavg_end'][0]:.2f}",
+        f"engines created in this order: " + ", ".join(f"{n} ({r})" for n, r in info["runners"].items()),
+        "",
+    ]
+    return "\n".join(head + _decode_table(res["decode"]) + [""] + _paths_table(res["paths"]))
+
+
+def combine(results: list[dict]) -> dict:
+    """Geometric mean of each engine's ratios over runs with different creation
+    orders (cancels the creation-position bias to first order); tok/s and step
+    times: mean; per-call paths: median of the runs' medians."""
+    first = results[0]["decode"]
+    decode: dict = {}
+    for b in first:
+        decode[b] = {}
+        for name in first[b]:
+            ds = [r["decode"][b][name] for r in results]
+            g = lambda key: statistics.geometric_mean([d[key] for d in ds])  # noqa: E731
+            decode[b][name] = {
+                "tok_s": statistics.fmean(d["tok_s"] for d in ds),
+                "step_ms": statistics.fmean(d["step_ms"] for d in ds),
+                "ratio_of_medians": g("ratio_of_medians"),
+                "median_step_pair_ratio": g("median_step_pair_ratio"),
+                "cpu_ratio": g("cpu_ratio"),
+            }
+    paths = {}
+    for name in results[0]["paths"]:
+        raw = statistics.median(r["paths"][name]["raw"] for r in results)
+        drv = statistics.median(r["paths"][name]["driver"] for r in results)
+        paths[name] = {"raw": raw, "driver": drv, "ratio": drv / raw}
+    return {"decode": decode, "paths": paths}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if not args.both_orders:
+        res = run(args)
+        text = report(res)
+        print(text)
+        if res["profile"]:
+            print("\ncProfile, omni decode steps, core/ and omni_backends/ functions:\n" + res["profile"])
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "bench_core_runner.json"), "w") as f:
+                json.dump({**res, "argv": argv}, f, indent=2)
+            with open(os.path.join(args.out, "bench_core_runner.md"), "w") as f:
+                f.write(text + ("\n\n```\n" + res["profile"] + "```\n" if res["profile"] else "\n"))
+        return 0
+    # one child process per creation order (vLLM engines are per process)
+    order = args.create_order.split(",")
+    child_argv = [a for a in argv if a != "--both-orders"]
+    results, texts = [], []
+    with tempfile.TemporaryDirectory(prefix="bench-core-orders-") as d:
+        for i, o in enumerate((order, order[::-1])):
+            out = os.path.join(d, str(i))
+            cmd = [sys.executable, os.path.abspath(__file__), *child_argv, "--create-order", ",".join(o), "--out", out]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
+                return proc.returncode
+            with open(os.path.join(out, "bench_core_runner.json")) as f:
+                results.append(json.load(f))
+            texts.append(report(results[-1]))
+    comb = combine(results)
+    text = "\n\n".join(
+        [f"### Creation order {i + 1}\n\n{t}" for i, t in enumerate(texts)]
+        + ["### Both orders combined (geometric mean of the ratios)\n\n"
+           + "\n".join(_decode_table(comb["decode"], combined=True) + [""] + _paths_table(comb["paths"]))]
+    )
     print(text)
-    prof = profile_omni(engines["omni"], max(batches), args.max_tokens, args.output_kind) if args.profile else None
-    if prof:
-        print("\ncProfile, omni decode steps (batch %d), core/ and omni_backends/ functions:\n%s" % (max(batches), prof))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "bench_core_runner.json"), "w") as f:
-            json.dump({"info": info, "decode": {str(k): v for k, v in decode.items()}, "paths": paths,
-                       "argv": sys.argv}, f, indent=2)
+            json.dump({"runs": results, "combined": comb, "argv": argv}, f, indent=2)
         with open(os.path.join(args.out, "bench_core_runner.md"), "w") as f:
-            f.write(text + ("\n\n```\n" + prof + "```\n" if prof else "\n"))
+            f.write(text + "\n")
     return 0
 
 
