@@ -39,12 +39,17 @@ def _decode_step(torch, dev):
     return step
 
 
+def _captured(backend, torch, debug=False):
+    """(device, step, persistent input x, StaticGraph of step over x)."""
+    dev = backend.device()
+    step = _decode_step(torch, dev)
+    x = torch.randn(BATCH, HIDDEN, device=dev)
+    return dev, step, x, StaticGraph(backend, step, (x,), debug=debug)
+
+
 def test_eager_equals_replay_on_random_inputs(graph_backend, torch_mod):
     torch = torch_mod
-    dev = graph_backend.device()
-    step = _decode_step(torch, dev)
-    x = torch.zeros(BATCH, HIDDEN, device=dev)
-    sg = StaticGraph(graph_backend, step, (x,))
+    dev, step, x, sg = _captured(graph_backend, torch)
     for i in range(20):
         new = torch.randn(BATCH, HIDDEN, device=dev) * (1 + i % 3)
         x.copy_(new)
@@ -56,10 +61,7 @@ def test_eager_equals_replay_on_random_inputs(graph_backend, torch_mod):
 
 def test_addresses_stable_and_in_place_update_seen(graph_backend, torch_mod):
     torch = torch_mod
-    dev = graph_backend.device()
-    step = _decode_step(torch, dev)
-    x = torch.randn(BATCH, HIDDEN, device=dev)
-    sg = StaticGraph(graph_backend, step, (x,))
+    dev, step, x, sg = _captured(graph_backend, torch)
     in_addr, out_addr = x.data_ptr(), sg.outputs.data_ptr()
     first = sg.replay().clone()
     x.copy_(torch.randn(BATCH, HIDDEN, device=dev))  # persistent buffer updated in place
@@ -72,10 +74,7 @@ def test_addresses_stable_and_in_place_update_seen(graph_backend, torch_mod):
 
 def test_fresh_tensor_is_detected_in_debug_mode(graph_backend, torch_mod):
     torch = torch_mod
-    dev = graph_backend.device()
-    step = _decode_step(torch, dev)
-    x = torch.randn(BATCH, HIDDEN, device=dev)
-    sg = StaticGraph(graph_backend, step, (x,), debug=True)
+    dev, step, x, sg = _captured(graph_backend, torch, debug=True)
     sg.replay(x)  # the captured tensor passes
     fresh = torch.randn(BATCH, HIDDEN, device=dev)
     with pytest.raises(StaleGraphInputError, match="input 0 is not the persistent tensor"):
