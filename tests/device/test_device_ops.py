@@ -9,7 +9,8 @@ pytestmark = pytest.mark.device_tier
 
 def _needs_accelerator(backend):
     if backend.device_type == "cpu":
-        pytest.skip("cpu driver: no separate device memory, streams or events to order")
+        pytest.skip(f"driver {backend.name!r} keeps tensors in host memory: no separate device memory, streams or "
+                    "events to order")
 
 
 def test_device_and_set_device(device_backend, torch_mod):
