@@ -75,8 +75,9 @@ def test_rank_told_another_vendor_stack_refuses_to_start(demo_dir, tmp_path):
     result, output = _tp_scenario("rank-mismatch", demo_dir, tmp_path, {"OMNI_FAKE_PARENT_VLLM_CPU": "0.32.1"})
     assert result["error"] and "initialization failed" in result["error"], result
     refusals = re.findall(r"\(([\w-]+) pid=(\d+)\).*OmniBackendError: (worker process resolved driver .*)", output)
-    workers = {(name, pid) for name, pid, _ in refusals if name != "MainProcess"}
-    assert len(workers) == 2, f"both ranks must refuse: {workers}\n{output[-4000:]}"
+    # the first rank to refuse makes vLLM stop the other, which may be killed before it logs its own refusal
+    workers = {(name, pid) for name, pid, _ in refusals}
+    assert workers and all(name != "MainProcess" for name, _ in workers), output[-4000:]
     msg = refusals[0][2]
     real, claimed = result["real_fingerprint"], result["claimed_fingerprint"]
     assert real != claimed
