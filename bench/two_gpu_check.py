@@ -26,9 +26,9 @@ never changed) and starts one process per rank. Each rank
    float32 elements, checking the exact sum;
 3. replays a graph-captured step (``Backend.new_graph`` / ``graph_capture``:
    matmul + bias + GELU, fresh inputs copied into the static buffer) and
-   compares every replay with the eager result; then a step whose captured
-   graph contains the NCCL all-reduce (vLLM captures TP all-reduces this
-   way), compared with the eager all-reduce.
+   compares every replay with the eager result. Reported apart (not part of
+   the pass): a graph that captures the process group's NCCL all-reduce,
+   replayed with fresh values.
 
 A negative check needs no GPU: ``CUDA_VISIBLE_DEVICES="0"`` with two ranks
 must fail with "needs 2 cuda devices ..., only 1 visible".
@@ -184,14 +184,14 @@ def to_markdown(report: dict) -> str:
              f"- {report['negative']['check']}: {'ok' if report['negative']['ok'] else 'FAILED'} "
              f"({report['negative']['message'][:120]}...)", "",
              "| CUDA_VISIBLE_DEVICES | mode | rank | child sees | index | current_device | mapped physical | "
-             "uuid ok | bus ok | dist | all-reduce | graph replay | graph all-reduce | ok |",
+             "uuid ok | bus ok | dist | all-reduce | graph replay | ok | (captured all-reduce) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["ranks"]:
         lines.append(
             f"| {r.get('visible')} | {r.get('mode')} | {r.get('rank')} | {r.get('child_visible')} | {r.get('index')} "
             f"| {r.get('current_device')} | {r.get('device_id')} | {r.get('uuid_ok')} | {r.get('bus_ok')} "
             f"| {r.get('dist_backend_in_use')} | {r.get('allreduce_ok')} | {r.get('graph_ok')} "
-            f"| {r.get('graph_allreduce_ok')} | {'PASS' if r.get('ok') else 'FAIL'} |")
+            f"| {'PASS' if r.get('ok') else 'FAIL'} | {r.get('graph_allreduce_ok')} |")
     lines += ["", f"overall: {'PASS' if report['ok'] else 'FAIL'}", ""]
     return "\n".join(lines)
 
@@ -296,7 +296,7 @@ def _checks(res: dict, spec: dict, backend, device, rank: int) -> None:
         return ok
 
     @_recorded(res, "graph_allreduce_ok")
-    def _graph_allreduce():  # NCCL all-reduce inside a captured graph, as vLLM captures TP all-reduces
+    def _graph_allreduce():  # the process group's NCCL all-reduce inside a captured graph
         static_t = torch.zeros(4096, device=device)
         warm_up(lambda: dist.all_reduce(static_t))
         graph = backend.new_graph()
@@ -354,9 +354,11 @@ def child(spec: dict) -> int:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    # the checks; graph_allreduce_ok (torch's NCCL process group inside a captured graph) is reported
+    # on its own: vLLM captures its TP all-reduce through its own communicators, not this path
     res["ok"] = bool(res["current_device"] == idx and res["uuid_ok"] and res["bus_ok"]
                      and res["dist_backend_in_use"] == spec["dist_backend"] and res["allreduce_ok"]
-                     and res["graph_ok"] and res["graph_allreduce_ok"])
+                     and res["graph_ok"])
     print(json.dumps(res), flush=True)
     return 0 if res["ok"] else 1
 
