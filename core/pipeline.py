@@ -56,21 +56,28 @@ class RunConfig:
     multiprocess: bool = False
 
 
-def _load_config(stage_dir: str, stage: str) -> dict[str, Any]:
+def _recreate(model_dir: str) -> str:
+    return f"Recreate the demo models: omni-backends demo-model create {model_dir}"
+
+
+def _load_config(stage_dir: str, stage: str, model_dir: str) -> dict[str, Any]:
     path = os.path.join(stage_dir, "config.json")
     if not os.path.isfile(path):
-        raise BadInputError(f"{stage} model: {path} is missing. Recreate the demo models: omni-backends demo-model create DIR")
+        raise BadInputError(f"{stage} model: {path} is missing. {_recreate(model_dir)}")
     try:
         with open(path) as f:
-            return json.load(f)
+            cfg = json.load(f)
     except (OSError, ValueError) as exc:
-        raise BadInputError(f"{stage} model: {path} is not valid JSON ({exc}). Recreate it with omni-backends demo-model create DIR") from exc
+        raise BadInputError(f"{stage} model: {path} is not valid JSON ({exc}). {_recreate(model_dir)}") from exc
+    if not isinstance(cfg, dict):
+        raise BadInputError(f"{stage} model: {path} must hold a JSON object. {_recreate(model_dir)}")
+    return cfg
 
 
-def _check_weights(stage_dir: str, stage: str) -> None:
+def _check_weights(stage_dir: str, stage: str, model_dir: str) -> None:
     path = os.path.join(stage_dir, "model.safetensors")
     if not os.path.isfile(path):
-        raise BadInputError(f"{stage} model: weight file {path} is missing. Recreate the demo models: omni-backends demo-model create DIR")
+        raise BadInputError(f"{stage} model: weight file {path} is missing. {_recreate(model_dir)}")
     try:
         from safetensors import safe_open
 
@@ -78,7 +85,7 @@ def _check_weights(stage_dir: str, stage: str) -> None:
             if not list(f.keys()):
                 raise ValueError("no tensors")
     except Exception as exc:  # safetensors raises its own error types
-        raise BadInputError(f"{stage} model: weight file {path} is unreadable ({exc}). Recreate the demo models.") from exc
+        raise BadInputError(f"{stage} model: weight file {path} is unreadable ({exc}). {_recreate(model_dir)}") from exc
 
 
 def _check_out_dir(out: str) -> str:
@@ -94,46 +101,65 @@ def _check_out_dir(out: str) -> str:
         os.close(fd)
         os.unlink(tmp)
     except OSError as exc:
-        raise BadInputError(f"output directory {probe_dir} is not writable ({exc.strerror}); choose another --out") from exc
+        raise BadInputError(
+            f"cannot write the output --out {out}: creating a file in {probe_dir} failed ({exc.strerror}); "
+            f"choose another --out"
+        ) from exc
     return out
 
 
 def validate(cfg: RunConfig, backend: Any) -> dict[str, dict[str, Any]]:
     """Check every input before an engine starts; returns stage -> config.json.
 
-    Raises :class:`BadInputError` with what to do for: empty prompt, bad
-    ``max_tokens``, missing/corrupt model files, a head size the device cannot
-    run, voice id out of range, prompt longer than the thinker's context,
-    unwritable output directory.
+    Cheap checks first (no vLLM, no transformers): empty prompt, bad
+    ``max_tokens``, missing/corrupt model files, voice id out of range,
+    unwritable output directory. Then what needs the device stack: a head
+    size the device cannot run (``Backend.check_model_config``) and a prompt
+    longer than the thinker's context (its tokenizer). Raises
+    :class:`BadInputError` saying what to do.
     """
     if not cfg.prompt or not cfg.prompt.strip():
         raise BadInputError("the prompt is empty; pass some text with --prompt")
     if cfg.max_tokens < 1:
         raise BadInputError(f"--max-tokens must be >= 1, got {cfg.max_tokens}")
+    if cfg.max_tokens >= THINKER_MAX_MODEL_LEN:
+        raise BadInputError(f"--max-tokens {cfg.max_tokens} does not fit the thinker's context of "
+                            f"{THINKER_MAX_MODEL_LEN} tokens; use fewer")
     model_dir = cfg.model_dir
     if not os.path.isdir(model_dir):
         raise BadInputError(f"model directory {model_dir} does not exist; create it with: omni-backends demo-model create {model_dir}")
     configs = {}
     for stage in STAGES:
         d = os.path.join(model_dir, stage)
-        configs[stage] = _load_config(d, stage)
-        _check_weights(d, stage)
-        backend.check_model_config(configs[stage])
+        configs[stage] = _load_config(d, stage, model_dir)
+        _check_weights(d, stage, model_dir)
     n_voices = int(configs["talker"].get("num_voices", 1))
     if not 0 <= cfg.voice < n_voices:
         raise BadInputError(f"voice id {cfg.voice} is out of range: the talker has voices 0..{n_voices - 1}")
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(os.path.join(model_dir, "thinker"))
-    n_prompt = len(tok(cfg.prompt)["input_ids"])
-    limit = THINKER_MAX_MODEL_LEN
-    if n_prompt + cfg.max_tokens > limit:
+    _check_out_dir(cfg.out)
+    for stage in STAGES:
+        backend.check_model_config(configs[stage])
+    n_prompt = len(_thinker_tokenizer(model_dir)(cfg.prompt)["input_ids"])
+    if n_prompt + cfg.max_tokens > THINKER_MAX_MODEL_LEN:
         raise BadInputError(
             f"prompt is {n_prompt} tokens; with --max-tokens {cfg.max_tokens} that exceeds the thinker's context of "
-            f"{limit} tokens. Shorten the prompt or lower --max-tokens."
+            f"{THINKER_MAX_MODEL_LEN} tokens. Shorten the prompt or lower --max-tokens."
         )
-    _check_out_dir(cfg.out)
     return configs
+
+
+def _thinker_tokenizer(model_dir: str) -> Any:
+    path = os.path.join(model_dir, "thinker")
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # transformers raises ValueError / OSError / JSONDecodeError for broken files
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BadInputError(
+            f"thinker model: the tokenizer in {path} is missing or unreadable ({first[:200]}). Recreate the demo "
+            f"models: omni-backends demo-model create {model_dir}"
+        ) from exc
 
 
 def _umask() -> int:
@@ -163,12 +189,12 @@ def run_pipeline(cfg: RunConfig, progress: Callable[[str], None] | None = None) 
     t_start = time.perf_counter()
     if not cfg.multiprocess:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # keep the progress lines readable
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep the progress lines readable
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries only our result
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from core.stage import prepare_device
+    from omni_backends.registry import select
 
-    sel = prepare_device(cfg.device)
+    sel = select(cfg.device)  # cheap: no vendor stack imported yet
     say(f"device: {sel.name} ({sel.rule}): {sel.reason}")
     if cfg.model_dir is None:
         cfg.model_dir = default_model_dir()
@@ -178,6 +204,7 @@ def run_pipeline(cfg: RunConfig, progress: Callable[[str], None] | None = None) 
             say(f"creating demo models in {cfg.model_dir} (first run)")
             create_demo_models(cfg.model_dir)
     configs = validate(cfg, sel.backend)
+    sel.backend.check_vllm_platform()
     out = os.path.abspath(cfg.out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".omni-run-", dir=os.path.dirname(out))

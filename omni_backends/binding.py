@@ -68,10 +68,12 @@ class VendorSymbol:
     def resolve(self) -> Any:
         """Import ``module`` and return ``attr``. Raises ``ImportError`` /
         ``AttributeError`` naming this declaration when the vendor moved it."""
-        try:
-            obj: Any = importlib.import_module(self.module)
-        except ImportError as exc:
-            raise ImportError(f"{self.qualname} (declared at {self.defined_at}): cannot import {self.module}: {exc}") from exc
+        obj: Any = sys.modules.get(self.module)  # fast path: already imported (resolution stays call-time)
+        if obj is None:
+            try:
+                obj = importlib.import_module(self.module)
+            except ImportError as exc:
+                raise ImportError(f"{self.qualname} (declared at {self.defined_at}): cannot import {self.module}: {exc}") from exc
         for part in self.attr.split(".") if self.attr else ():
             try:
                 obj = getattr(obj, part)

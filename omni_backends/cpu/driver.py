@@ -35,6 +35,17 @@ CPU_ATTENTION_BACKEND = VendorSymbol(
 )
 
 
+_CAPABILITIES = Capabilities(
+    static_graph_modes=(),
+    h2d_stream_ordered=True,  # host and "device" are the same memory
+    d2h_stream_ordered=True,
+    pinned_memory=False,
+    v1_runner=True,
+    v2_runner=False,  # vLLM's V2 runner needs a Triton CPU backend (not on PyPI)
+    talker_mtp_graph=False,
+)
+
+
 class _NoStream:
     """Stream stand-in on CPU: work is synchronous, so waiting is a no-op."""
 
@@ -118,15 +129,7 @@ class CpuBackend(VllmUpstreamBindings, Backend):
             return ProbeResult(ProbeState.NOT_INSTALLED, f"probe failed: {exc}", {}, error=repr(exc))
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            static_graph_modes=(),
-            h2d_stream_ordered=True,  # host and "device" are the same memory
-            d2h_stream_ordered=True,
-            pinned_memory=False,
-            v1_runner=True,
-            v2_runner=False,  # vLLM's V2 runner needs a Triton CPU backend (not on PyPI)
-            talker_mtp_graph=False,
-        )
+        return _CAPABILITIES
 
     # ----------------------------------------------------------- device ops
     def device(self, index: int | None = None):

@@ -140,6 +140,20 @@ def test_head_dim_the_device_cannot_run(tmp_path, broken_demo):
     assert "head_dim 16 cannot run on the cpu driver" in msg
 
 
+@pytest.mark.parametrize("damage", ["delete", "truncate"])
+def test_missing_or_corrupt_tokenizer(tmp_path, broken_demo, damage):
+    def hurt(d):
+        p = os.path.join(d, "thinker", "tokenizer.json")
+        if damage == "delete":
+            os.unlink(p)
+        else:
+            with open(p, "r+") as f:
+                f.truncate(100)
+    d = broken_demo(hurt)
+    msg = _bad([], tmp_path, demo_dir=d)
+    assert "thinker model: the tokenizer" in msg and f"demo-model create {d}" in msg
+
+
 def test_missing_model_dir(tmp_path):
     msg = _bad(["--model-dir", str(tmp_path / "nope")], tmp_path)
     assert "does not exist" in msg and "demo-model create" in msg
@@ -150,7 +164,7 @@ def test_output_dir_not_writable(tmp_path, demo_dir):
     p = subprocess.run(CLI + ["run", "--out", out, "--model-dir", demo_dir], capture_output=True, text=True,
                        env=_env(), timeout=300)
     assert p.returncode != 0
-    assert "omni-backends: error: output directory /proc is not writable" in p.stderr, p.stderr[-2000:]
+    assert f"omni-backends: error: cannot write the output --out {out}: creating a file in /proc failed" in p.stderr, p.stderr[-2000:]
     assert not os.path.exists(out)
 
 
