@@ -904,7 +904,7 @@ def _drivers(names: list[str] | None) -> dict[str, type]:
     from omni_backends.registry import discover, problem_of, resolve_name
 
     entries, _notes = discover()
-    wanted = [resolve_name(n, entries) for n in names] if names else sorted(entries)
+    wanted = [resolve_name(n, entries, source="--driver") for n in names] if names else sorted(entries)
     out = {}
     for n in wanted:
         e = entries[n]
@@ -949,8 +949,10 @@ def render_text(report: dict[str, Any]) -> str:
     if report.get("versions"):
         lines.append("  versions: " + ", ".join(f"{k} {v}" for k, v in sorted(report["versions"].items())))
     for d in report["drivers"]:
-        status = "DRIFT" if d["drift"] else "clean"
-        lines.append(f"\n{d['driver']}: {status} -- {d['checked']}/{d['symbols']} symbols checked, {d['drift']} drift")
+        unchecked = d["symbols"] - d["checked"]
+        status = "DRIFT" if d["drift"] else ("clean" if not unchecked else "no drift in the checked part")
+        lines.append(f"\n{d['driver']}: {status} -- {d['checked']}/{d['symbols']} symbols checked, {d['drift']} drift"
+                     + (f"; {unchecked} NOT checked (their source is not in what was given: see the notes)" if unchecked else ""))
         for f in d["findings"]:
             tag = f["kind"] if f["drift"] else f"note: {f['kind']}"
             lines.append(f"  [{tag}] {f['target']} ({f['symbol']}): {f['message']}")
