@@ -461,9 +461,11 @@ def _decide(
         _raise_for_entry(entries[name])
         probe = by_name[name].probe
         assert probe is not None
+        typed = requested.strip().lower()
+        shown = f"{name!r} (given as {typed!r})" if typed != name else repr(name)
         if not probe.usable:
             raise DeviceNotUsableError(
-                f"device {name!r} was requested ({rule}) but is not usable here: {probe.reason.rstrip('.')}."
+                f"device {shown} was requested ({rule}) but is not usable here: {probe.reason.rstrip('.')}."
                 + (f" To fix: {probe.fix}." if probe.fix else "")
                 + (f" Error: {probe.error.strip().splitlines()[-1]}" if probe.error else "")
                 + f" Or choose another device (`omni-backends devices` lists them).",

@@ -276,7 +276,8 @@ def test_run_with_unusable_device_fails_before_vllm_is_imported(device):
     if "NO-RUN" in out.stdout:
         pytest.skip("the `run` command (core) is not installed")
     assert "RC 2 VLLM-IMPORTED False" in out.stdout, out.stdout + out.stderr
-    assert f"device '{'npu' if device == 'ascend' else device}' was requested" in out.stderr
+    shown = "'npu' (given as 'ascend')" if device == "ascend" else f"'{device}'"
+    assert f"device {shown} was requested" in out.stderr
     assert "not usable here" in out.stderr
 
 
