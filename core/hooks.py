@@ -104,6 +104,9 @@ class OmniHooks:
         self.model: Any = None
         self.payloads = PayloadStore((), self._to_device)
         self._step_outputs: dict[str, dict[str, torch.Tensor]] = {}
+        #: req_id -> number of token positions whose outputs were already emitted
+        #: (a request recomputed after preemption must not emit them twice)
+        self._emitted: dict[str, int] = {}
         self._mtp: Any = None
         self.mtp_calls: dict[str, int] = {}
         self.mtp_mode = "none"
@@ -168,6 +171,7 @@ class OmniHooks:
         self.payloads.free(req_ids)
         for r in req_ids:
             self._step_outputs.pop(r, None)
+            self._emitted.pop(r, None)
             self.mtp_calls.pop(r, None)
 
     # ------------------------------------------------ prepare_prefill_embeds
@@ -214,24 +218,38 @@ class OmniHooks:
 
         Per-token outputs (first dim = num_tokens) are sliced per request; the
         model's ``omni_postprocess_request(hidden [t, H], payload) -> dict`` runs
-        for every request in the batch. Outputs are copied to the CPU through
+        for every request in the batch. Only positions not emitted before are
+        used, so a request recomputed after preemption never emits a position twice. Outputs are copied to the CPU through
         ``Backend.to_host``. Returns the text hidden states ``[num_tokens, H]``
         that vLLM's logits and sampler path expects.
         """
         hidden = output.text_hidden_states if isinstance(output, OmniOutput) else output
-        if isinstance(output, OmniOutput) and output.multimodal_outputs:
-            num_tokens = int(batch.query_start_loc[batch.num_reqs])
-            for key, value in output.multimodal_outputs.items():
-                host = self.backend.to_host(value[:num_tokens])
-                for i, req_id in enumerate(batch.req_ids):
-                    start, end = batch.span(i)
-                    self._add(req_id, key, host[start:end])
+        mm = output.multimodal_outputs if isinstance(output, OmniOutput) else None
         post = self._model_postprocess
+        if not mm and post is None:
+            return hidden
+        # rows of each request not emitted before (after a preemption, vLLM recomputes
+        # positions whose outputs the caller already has)
+        rows = []
+        for i, req_id in enumerate(batch.req_ids):
+            start, end = batch.span(i)
+            first = int(batch.num_computed[i])
+            done = self._emitted.get(req_id, 0)
+            skip = min(max(0, done - first), end - start)
+            self._emitted[req_id] = max(done, first + end - start)
+            rows.append((req_id, start + skip, end))
+        if mm:
+            num_tokens = int(batch.query_start_loc[batch.num_reqs])
+            for key, value in mm.items():
+                host = self.backend.to_host(value[:num_tokens])
+                for req_id, start, end in rows:
+                    if end > start:
+                        self._add(req_id, key, host[start:end])
         if post is not None:
-            for i, req_id in enumerate(batch.req_ids):
-                start, end = batch.span(i)
-                for key, value in post(hidden[start:end], self.payloads.get(req_id)).items():
-                    self._add(req_id, key, self.backend.to_host(value))
+            for req_id, start, end in rows:
+                if end > start:
+                    for key, value in post(hidden[start:end], self.payloads.get(req_id)).items():
+                        self._add(req_id, key, self.backend.to_host(value))
         return hidden
 
     def _add(self, req_id: str, key: str, value: torch.Tensor) -> None:

@@ -244,9 +244,11 @@ def test_process_model_output_slices_per_request_and_runs_postprocess(backend):
         assert torch.equal(step[r]["hidden"], per_token[s:e])
         expect_wave = hidden[s:e].sum(-1) + (100 if r == "last" else 0)
         torch.testing.assert_close(step[r]["wave"], expect_wave)
-    # a plain tensor passes through; a second forward in the same step appends rows
+    # a plain tensor passes through; a second forward over the same positions emits nothing new
+    # (positions are emitted once: see test_recomputed_positions_after_preemption_are_not_emitted_twice)
+    before = step["mid"]["wave"].clone()
     assert hooks.process_model_output(hidden, b) is hidden
-    assert step["mid"]["wave"].shape == (16,)
+    assert torch.equal(step["mid"]["wave"], before)
 
 
 def _runner_output(req_ids):
@@ -345,3 +347,31 @@ def test_omni_engine_core_output_appends_one_field_to_vllms():
     out = OmniEngineCoreOutput(*msgspec.structs.astuple(eco), mm)
     assert msgspec.structs.astuple(out)[:-1] == msgspec.structs.astuple(eco)
     assert out.multimodal_outputs is mm and out.request_id == "r-1" and out.stop_reason == "x"
+
+
+def test_recomputed_positions_after_preemption_are_not_emitted_twice():
+    """vLLM recomputes a preempted request from position 0; the caller already has those rows."""
+    import numpy as np
+    import torch
+
+    from core.hooks import BatchView, OmniHooks
+    from core.outputs import OmniOutput
+    from omni_backends.cpu.driver import CpuBackend
+
+    hooks = OmniHooks(CpuBackend())
+    hooks.model = object()
+    hooks._model_postprocess = None
+
+    def step(num_computed, n, prompt=4):
+        h = torch.arange(num_computed, num_computed + n, dtype=torch.float32)[:, None].repeat(1, 2)
+        batch = BatchView(["r"], np.array([0, n]), np.array([num_computed]), np.array([prompt]))
+        hooks.process_model_output(OmniOutput(h, {"hidden": h}), batch)
+        return hooks.take_step_outputs().get("r", {}).get("hidden")
+
+    got = [step(0, 4), step(4, 1)]  # prefill 0..3, decode 4
+    assert step(0, 5) is None  # preempted, recomputed 0..4: nothing new
+    got.append(step(5, 1))  # decode 5
+    rows = torch.cat(got)[:, 0].tolist()
+    assert rows == [0, 1, 2, 3, 4, 5]
+    hooks.on_finished_requests(["r"])
+    assert "r" not in hooks._emitted
