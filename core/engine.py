@@ -27,6 +27,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.engine.output_processor import OutputProcessor
 
+from core.kinds import AR, GENERATION
 from core.outputs import merge_step_outputs
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,20 @@ class OmniOutputProcessor(OutputProcessor):
                 acc.pop(ro.request_id, None)
         return result
 
+    #: runner kind of the engine this front end feeds (set by :func:`attach_omni_frontend`)
+    omni_kind: str = AR
+
+    def add_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        """Refuse, in the caller's thread, a request the omni runner would fail on:
+        a generation-kind engine produces its output in one forward (``max_tokens=1``)."""
+        params = getattr(request, "sampling_params", None)
+        if self.omni_kind == GENERATION and params is not None and params.max_tokens != 1:
+            raise ValueError(
+                f"request {request.request_id}: this is a generation-kind omni engine (one forward per request); "
+                f"submit it with SamplingParams(max_tokens=1), not max_tokens={params.max_tokens}"
+            )
+        return super().add_request(request, *args, **kwargs)
+
     def abort_requests(self, request_ids: Any, *args: Any, **kwargs: Any) -> Any:
         request_ids = list(request_ids)
         acc = self._acc()
@@ -111,7 +126,7 @@ class OmniOutputProcessor(OutputProcessor):
         return super().abort_requests(request_ids, *args, **kwargs)
 
 
-def attach_omni_frontend(llm: Any) -> Any:
+def attach_omni_frontend(llm: Any, kind: str = AR) -> Any:
     """Make a ``vllm.LLM``'s front end understand omni outputs (see module doc).
 
     Raises ``RuntimeError`` if this vLLM's ``LLMEngine`` lacks the attributes
@@ -123,6 +138,7 @@ def attach_omni_frontend(llm: Any) -> Any:
         raise RuntimeError("vLLM's LLMEngine has no OutputProcessor at .output_processor; this vLLM is not supported")
     if not isinstance(op, OmniOutputProcessor):
         op.__class__ = type("Omni" + type(op).__name__, (OmniOutputProcessor, type(op)), {})
+    op.omni_kind = kind
     client = engine.engine_core
     decoder = getattr(client, "decoder", None)
     if decoder is not None:  # multiprocess client: decode our output type

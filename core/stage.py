@@ -49,4 +49,4 @@ def make_engine(model: str, *, kind: str = AR, device: str | None = None, **engi
     from core.engine import attach_omni_frontend
 
     llm = LLM(model, worker_cls=WORKER_CLS[kind], scheduler_cls=SCHEDULER_CLS, **engine_kwargs)
-    return attach_omni_frontend(llm)
+    return attach_omni_frontend(llm, kind)

@@ -72,7 +72,16 @@ def talker_batch(demo_dir: str) -> dict:
     wouts = c2w.generate([{"prompt_token_ids": [0] * c.shape[0]} for c in codes],
                          [SamplingParams(max_tokens=1, detokenize=False, extra_args={EXTRA_ARGS_KEY: pack({"codes": c})})
                           for c in codes], use_tqdm=False)
-    return {"requests": TALKER_REQUESTS, "hiddens": hiddens, "codes": codes,
+    try:  # a generation-kind engine refuses max_tokens != 1 in the caller's thread, and keeps running
+        c2w.generate([{"prompt_token_ids": [0] * 3}], [SamplingParams(max_tokens=4, detokenize=False, extra_args={
+            EXTRA_ARGS_KEY: pack({"codes": codes[0][:3]})})], use_tqdm=False)
+        refused = None
+    except ValueError as exc:
+        refused = str(exc)
+    again = c2w.generate([{"prompt_token_ids": [0] * codes[0].shape[0]}], [SamplingParams(
+        max_tokens=1, detokenize=False, extra_args={EXTRA_ARGS_KEY: pack({"codes": codes[0]})})], use_tqdm=False)
+    return {"requests": TALKER_REQUESTS, "hiddens": hiddens, "codes": codes, "refused": refused,
+            "waveform_again": again[0].multimodal_outputs["waveform"],
             "residual_rows": [o.multimodal_outputs["residual_codes"].shape[0] for o in outs],
             "waveforms": [o.multimodal_outputs["waveform"] for o in wouts]}
 

@@ -41,6 +41,12 @@ def test_talker_codes_and_waveform_equal_plain_pytorch(run_scenario, demo_dir):
         torch.testing.assert_close(wav, ref_wav, atol=1e-5, rtol=1e-5)
 
 
+def test_generation_engine_refuses_max_tokens_other_than_one_and_keeps_running(run_scenario):
+    r = run_scenario("talker-batch")
+    assert r["refused"] is not None and "generation-kind omni engine" in r["refused"] and "max_tokens=1" in r["refused"]
+    torch.testing.assert_close(r["waveform_again"], r["waveforms"][0])
+
+
 def test_mtp_runs_once_per_decode_step_per_request(run_scenario):
     r = run_scenario("talker-batch")
     frames = [f for _, _, f in r["requests"]]
