@@ -29,6 +29,7 @@ from vllm.v1.engine.output_processor import OutputProcessor
 
 from core.kinds import AR, GENERATION
 from core.outputs import merge_step_outputs
+from core.payloads import EXTRA_ARGS_KEY, unpack
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,8 @@ class OmniOutputProcessor(OutputProcessor):
 
     #: runner kind of the engine this front end feeds (set by :func:`attach_omni_frontend`)
     omni_kind: str = AR
+    #: ``payload, prompt_len -> None`` raising ``ValueError`` (the model's ``validate_omni_payload``)
+    omni_validate_payload: Any = None
 
     def add_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         """Refuse, in the caller's thread, a request the omni runner would fail on:
@@ -115,6 +118,13 @@ class OmniOutputProcessor(OutputProcessor):
                 f"request {request.request_id}: this is a generation-kind omni engine (one forward per request); "
                 f"submit it with SamplingParams(max_tokens=1), not max_tokens={params.max_tokens}"
             )
+        validate = getattr(self, "omni_validate_payload", None)
+        if validate is not None and params is not None:
+            extra = params.extra_args or {}
+            try:
+                validate(unpack(extra.get(EXTRA_ARGS_KEY)), len(request.prompt_token_ids or ()))
+            except ValueError as exc:
+                raise ValueError(f"request {request.request_id}: {exc}") from None
         return super().add_request(request, *args, **kwargs)
 
     def abort_requests(self, request_ids: Any, *args: Any, **kwargs: Any) -> Any:
@@ -124,6 +134,22 @@ class OmniOutputProcessor(OutputProcessor):
             state = self.request_states.get(r)
             acc.pop(state.external_req_id if state is not None else r, None)
         return super().abort_requests(request_ids, *args, **kwargs)
+
+
+def _payload_validator(engine: Any) -> Any:
+    """The model class's ``validate_omni_payload`` bound to its HF config, or None.
+
+    Resolved through vLLM's ``ModelRegistry`` from the model's architectures
+    (imports the model module in the front-end process, builds nothing)."""
+    from vllm import ModelRegistry
+
+    model_config = engine.model_config
+    model_cls, _ = ModelRegistry.resolve_model_cls(model_config.architectures, model_config)
+    check = getattr(model_cls, "validate_omni_payload", None)
+    if check is None:
+        return None
+    hf_config = model_config.hf_config
+    return lambda payload, prompt_len: check(hf_config, payload, prompt_len)
 
 
 def attach_omni_frontend(llm: Any, kind: str = AR) -> Any:
@@ -139,6 +165,7 @@ def attach_omni_frontend(llm: Any, kind: str = AR) -> Any:
     if not isinstance(op, OmniOutputProcessor):
         op.__class__ = type("Omni" + type(op).__name__, (OmniOutputProcessor, type(op)), {})
     op.omni_kind = kind
+    op.omni_validate_payload = _payload_validator(engine)
     client = engine.engine_core
     decoder = getattr(client, "decoder", None)
     if decoder is not None:  # multiprocess client: decode our output type

@@ -103,13 +103,25 @@ class OmniDemoTalker(LlamaForCausalLM):
         self.voice_embed = nn.Embedding(cfg.num_voices, cfg.hidden_size)
         self.mtp = DemoTalkerMTP(cfg.hidden_size, cfg.vocab_size, cfg.num_codebooks)
 
+    @classmethod
+    def validate_omni_payload(cls, hf_config: Any, payload: dict, prompt_len: int | None) -> None:
+        """Raise ``ValueError`` saying what to fix; called in the caller's process
+        (``core.engine``) before the request reaches the engine, and again in the
+        worker by ``omni_preprocess`` (``prompt_len=None``: length not checked)."""
+        h = payload.get("thinker_hidden")
+        width = hf_config.thinker_hidden_size
+        if not isinstance(h, torch.Tensor) or h.dim() != 2 or h.shape[1] != width:
+            raise ValueError(f"talker request needs 'thinker_hidden' float [prompt_len, {width}] in its payload")
+        if prompt_len is not None and h.shape[0] != prompt_len:
+            raise ValueError(f"'thinker_hidden' has {h.shape[0]} rows but the prompt has {prompt_len} tokens; "
+                             f"pass one placeholder token per row")
+        voice = payload.get("voice", 0)
+        if not isinstance(voice, int) or not 0 <= voice < hf_config.num_voices:
+            raise ValueError(f"voice id {voice!r} out of range: use 0..{hf_config.num_voices - 1}")
+
     def omni_preprocess(self, payload: dict) -> dict:
-        thinker_hidden = payload.get("thinker_hidden")
-        if thinker_hidden is None:
-            raise ValueError("talker request needs 'thinker_hidden' [prompt_len, thinker_hidden_size] in its payload")
-        voice = int(payload.get("voice", 0))
-        if not 0 <= voice < self.config.num_voices:
-            raise ValueError(f"voice id {voice} out of range [0, {self.config.num_voices})")
+        self.validate_omni_payload(self.config, payload, None)
+        thinker_hidden = payload["thinker_hidden"]
         w = self.thinker_proj.weight
         return {"prompt_embeds": self.thinker_proj(thinker_hidden.to(device=w.device, dtype=w.dtype))}
 
@@ -152,12 +164,22 @@ class OmniDemoCode2Wav(LlamaForCausalLM):
         self.code_embeds = nn.ModuleList(nn.Embedding(cfg.codebook_size, cfg.hidden_size) for _ in range(cfg.num_codebooks))
         self.wave_head = nn.Linear(cfg.hidden_size, cfg.hop_length, bias=False)
 
-    def omni_preprocess(self, payload: dict) -> dict:
+    @classmethod
+    def validate_omni_payload(cls, hf_config: Any, payload: dict, prompt_len: int | None) -> None:
+        """Raise ``ValueError`` saying what to fix (see the talker's)."""
         codes = payload.get("codes")
-        if codes is None or codes.dim() != 2 or codes.shape[1] != self.config.num_codebooks:
-            raise ValueError(f"code2wav request needs 'codes' int [T, {self.config.num_codebooks}] in its payload")
-        if int(codes.min()) < 0 or int(codes.max()) >= self.config.codebook_size:
-            raise ValueError(f"codes must lie in [0, {self.config.codebook_size})")
+        k = hf_config.num_codebooks
+        if not isinstance(codes, torch.Tensor) or codes.dim() != 2 or codes.shape[1] != k:
+            raise ValueError(f"code2wav request needs 'codes' int [T, {k}] in its payload")
+        if prompt_len is not None and codes.shape[0] != prompt_len:
+            raise ValueError(f"'codes' has {codes.shape[0]} frames but the prompt has {prompt_len} tokens; "
+                             f"pass one placeholder token per frame")
+        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= hf_config.codebook_size):
+            raise ValueError(f"codes must lie in [0, {hf_config.codebook_size})")
+
+    def omni_preprocess(self, payload: dict) -> dict:
+        self.validate_omni_payload(self.config, payload, None)
+        codes = payload["codes"]
         dev = self.wave_head.weight.device
         codes = codes.to(device=dev, dtype=torch.int64)
         return {"prompt_embeds": sum(emb(codes[:, k]) for k, emb in enumerate(self.code_embeds))}

@@ -78,10 +78,23 @@ def talker_batch(demo_dir: str) -> dict:
         refused = None
     except ValueError as exc:
         refused = str(exc)
+    bad_payloads = {}
+    for name, (engine, prompt, payload, n) in {
+        "voice": (talker, [0] * 7, {"thinker_hidden": hiddens[0], "voice": 9}, 2),
+        "rows": (talker, [0] * 5, {"thinker_hidden": hiddens[0], "voice": 0}, 2),
+        "codes": (c2w, [0] * 3, {"codes": codes[0][:3] + 1000}, 1),
+    }.items():
+        try:
+            engine.generate([{"prompt_token_ids": prompt}], [SamplingParams(max_tokens=n, detokenize=False,
+                            extra_args={EXTRA_ARGS_KEY: pack(payload)})], use_tqdm=False)
+            bad_payloads[name] = None
+        except ValueError as exc:
+            bad_payloads[name] = str(exc)
+    result_bad = bad_payloads
     again = c2w.generate([{"prompt_token_ids": [0] * codes[0].shape[0]}], [SamplingParams(
         max_tokens=1, detokenize=False, extra_args={EXTRA_ARGS_KEY: pack({"codes": codes[0]})})], use_tqdm=False)
     return {"requests": TALKER_REQUESTS, "hiddens": hiddens, "codes": codes, "refused": refused,
-            "waveform_again": again[0].multimodal_outputs["waveform"],
+            "waveform_again": again[0].multimodal_outputs["waveform"], "bad_payloads": result_bad,
             "residual_rows": [o.multimodal_outputs["residual_codes"].shape[0] for o in outs],
             "waveforms": [o.multimodal_outputs["waveform"] for o in wouts]}
 

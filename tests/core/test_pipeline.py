@@ -45,6 +45,10 @@ def test_generation_engine_refuses_max_tokens_other_than_one_and_keeps_running(r
     r = run_scenario("talker-batch")
     assert r["refused"] is not None and "generation-kind omni engine" in r["refused"] and "max_tokens=1" in r["refused"]
     torch.testing.assert_close(r["waveform_again"], r["waveforms"][0])
+    bad = r["bad_payloads"]  # refused in the caller's thread; the engines served the next request fine
+    assert "voice id 9 out of range: use 0..3" in bad["voice"]
+    assert "'thinker_hidden' has 7 rows but the prompt has 5 tokens" in bad["rows"]
+    assert "codes must lie in [0, 128)" in bad["codes"]
 
 
 def test_mtp_runs_once_per_decode_step_per_request(run_scenario):
