@@ -118,7 +118,7 @@ class OmniOutputProcessor(OutputProcessor):
                 f"request {request.request_id}: this is a generation-kind omni engine (one forward per request); "
                 f"submit it with SamplingParams(max_tokens=1), not max_tokens={params.max_tokens}"
             )
-        validate = getattr(self, "omni_validate_payload", None)
+        validate = self.omni_validate_payload
         if validate is not None and params is not None:
             extra = params.extra_args or {}
             try:

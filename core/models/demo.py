@@ -79,6 +79,19 @@ def _voice_rows(inputs_embeds: torch.Tensor, voice_embed: nn.Embedding, payloads
     return add
 
 
+def _payload_rows(payload: dict, key: str, width: int, prompt_len: int | None, *, stage: str, layout: str,
+                  row: str) -> torch.Tensor:
+    """``payload[key]`` as a 2-D tensor ``[prompt_len, width]``: one row per
+    placeholder prompt token. Raises ``ValueError`` saying what to pass."""
+    t = payload.get(key)
+    if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.shape[1] != width:
+        raise ValueError(f"{stage} request needs {key!r} {layout.format(width=width)} in its payload")
+    if prompt_len is not None and t.shape[0] != prompt_len:
+        raise ValueError(f"{key!r} has {t.shape[0]} {row}s but the prompt has {prompt_len} tokens; "
+                         f"pass one placeholder token per {row}")
+    return t
+
+
 class OmniDemoTalker(LlamaForCausalLM):
     """Codec-token decoder conditioned on thinker hidden states and a voice id.
 
@@ -108,13 +121,8 @@ class OmniDemoTalker(LlamaForCausalLM):
         """Raise ``ValueError`` saying what to fix; called in the caller's process
         (``core.engine``) before the request reaches the engine, and again in the
         worker by ``omni_preprocess`` (``prompt_len=None``: length not checked)."""
-        h = payload.get("thinker_hidden")
-        width = hf_config.thinker_hidden_size
-        if not isinstance(h, torch.Tensor) or h.dim() != 2 or h.shape[1] != width:
-            raise ValueError(f"talker request needs 'thinker_hidden' float [prompt_len, {width}] in its payload")
-        if prompt_len is not None and h.shape[0] != prompt_len:
-            raise ValueError(f"'thinker_hidden' has {h.shape[0]} rows but the prompt has {prompt_len} tokens; "
-                             f"pass one placeholder token per row")
+        _payload_rows(payload, "thinker_hidden", hf_config.thinker_hidden_size, prompt_len,
+                      stage="talker", layout="float [prompt_len, {width}]", row="row")
         voice = payload.get("voice", 0)
         if not isinstance(voice, int) or not 0 <= voice < hf_config.num_voices:
             raise ValueError(f"voice id {voice!r} out of range: use 0..{hf_config.num_voices - 1}")
@@ -167,13 +175,8 @@ class OmniDemoCode2Wav(LlamaForCausalLM):
     @classmethod
     def validate_omni_payload(cls, hf_config: Any, payload: dict, prompt_len: int | None) -> None:
         """Raise ``ValueError`` saying what to fix (see the talker's)."""
-        codes = payload.get("codes")
-        k = hf_config.num_codebooks
-        if not isinstance(codes, torch.Tensor) or codes.dim() != 2 or codes.shape[1] != k:
-            raise ValueError(f"code2wav request needs 'codes' int [T, {k}] in its payload")
-        if prompt_len is not None and codes.shape[0] != prompt_len:
-            raise ValueError(f"'codes' has {codes.shape[0]} frames but the prompt has {prompt_len} tokens; "
-                             f"pass one placeholder token per frame")
+        codes = _payload_rows(payload, "codes", hf_config.num_codebooks, prompt_len,
+                              stage="code2wav", layout="int [T, {width}]", row="frame")
         if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= hf_config.codebook_size):
             raise ValueError(f"codes must lie in [0, {hf_config.codebook_size})")
 
