@@ -241,7 +241,7 @@ class OmniHooks:
         if mm:
             num_tokens = int(batch.query_start_loc[batch.num_reqs])
             for key, value in mm.items():
-                host = self.backend.to_host(value[:num_tokens])
+                host = _owned(self.backend.to_host(value[:num_tokens]), value)
                 for req_id, start, end in rows:
                     if end > start:
                         self._add(req_id, key, host[start:end])
@@ -296,6 +296,15 @@ class OmniHooks:
         fields = {name: getattr(base, name) for name in _field_names(type(base))}
         mm = {r: v for r, v in step.items() if r in base.req_id_to_index}
         return OmniModelRunnerOutput(**fields, multimodal_outputs=mm)
+
+
+def _owned(host: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """``host``, cloned if it still shares memory with ``source`` (a CPU
+    device's ``to_host`` returns its input; the model's outputs live in
+    persistent buffers the next forward overwrites, ``core.model_io``)."""
+    if host.untyped_storage().data_ptr() == source.untyped_storage().data_ptr():
+        return host.clone()
+    return host
 
 
 @functools.lru_cache(maxsize=None)

@@ -22,7 +22,8 @@ V2 ``ModelState`` seam             omni hook
                                    ``inputs_embeds``: multimodal / prompt embeds)
 ``prepare_inputs``                 ``prepare_prefill_embeds`` into a persistent
                                    ``inputs_embeds`` buffer; ``build_extra_kwargs``
-model forward hook                 ``OmniOutput`` -> text hidden states
+model forward hook                 ``core.model_io.ModelOutputAdapter``: every
+                                   call returns the text hidden states
 ``custom_sampler`` (wraps vLLM's)  ``process_model_output``, then after sampling
                                    ``run_talker_mtp`` (static buffers)
 ``capture_inner_cudagraphs``       talker-MTP FULL graphs, one per capture size
@@ -38,8 +39,7 @@ last seam, the same ``get_model_runner_output`` hook).
 Graphs. Everything a FULL graph reads or writes lives in persistent buffers
 written in place: ``inputs_embeds`` ``[max_num_tokens, H]``; the model's text
 hidden states and per-token multimodal outputs ``[max_num_tokens, ...]``
-(copied inside captured graphs only, so a replay refreshes them and eager
-steps pay nothing); the talker MTP's inputs ``[max_num_reqs, H]`` /
+(copied by the adapter on every forward, so a replay refreshes them); the talker MTP's inputs ``[max_num_reqs, H]`` /
 ``[max_num_reqs]`` int64 and output ``[max_num_reqs, K-1]`` int64
 (:class:`StaticTalkerMTP`).
 
@@ -224,6 +224,7 @@ class OmniModelStateMixin:
         import torch
 
         from core.hooks import OmniHooks
+        from core.model_io import ModelOutputAdapter
         from omni_backends.registry import get_backend
 
         if getattr(vllm_config, "speculative_config", None) is not None:
@@ -245,13 +246,11 @@ class OmniModelStateMixin:
             )
         self.keep_input_ids = bool(REQUIRES_RAW_INPUT_TOKENS.resolve()(model))
         self._pending: tuple[list[str], Any] | None = None  # (req_ids, BatchView) of this real step
-        self._live: Any = None  # the model's OmniOutput (or tensor) of this step's eager / piecewise forward
-        self._capturing = False
-        self._graph_hidden: Any = None  # persistent outputs written inside captured graphs
-        self._graph_mm: dict[str, Any] = {}
-        self._graph_keys: tuple[str, ...] = ()
         self._hidden: Any = None
-        self._hook_handle = model.register_forward_hook(self._on_forward)
+        # at the model: every call vLLM makes gets a tensor; outputs (and the hidden states, which the
+        # sampler hook reads) land in persistent buffers a FULL-graph replay refreshes
+        self.omni_io = ModelOutputAdapter(model, self.max_num_tokens, self.model_config.get_hidden_size(),
+                                          self.dtype, keep_hidden=True)
 
     # ------------------------------------------------------------- talker MTP
     def _static_mtp(self, mtp: Callable[[Any, Any], Any]) -> StaticTalkerMTP:
@@ -343,7 +342,7 @@ class OmniModelStateMixin:
         hooks = self.omni_hooks
         batch = self.batch_view(input_batch, req_states)
         self._pending = (list(batch.req_ids), batch) if batch is not None else None
-        self._live, self._capturing = None, False
+        self.omni_io.begin_step()
         if self.omni_inputs_embeds is not None:
             n, padded = int(input_batch.num_tokens), int(input_batch.num_tokens_after_padding)
             embeds = self.omni_inputs_embeds[:padded]
@@ -357,11 +356,10 @@ class OmniModelStateMixin:
         return kwargs
 
     def prepare_dummy_inputs(self, num_reqs: int, num_tokens: int) -> dict[str, Any]:
-        """vLLM's, plus the persistent ``inputs_embeds`` slice; called by vLLM's
-        graph capture, so the next forwards copy their outputs into persistent
-        buffers (captured into the graph)."""
+        """vLLM's, plus the persistent ``inputs_embeds`` slice (what a graph
+        captured from this dummy batch reads on every replay)."""
         kwargs = dict(super().prepare_dummy_inputs(num_reqs, num_tokens))  # type: ignore[misc]
-        self._pending, self._live, self._capturing = None, None, True
+        self._pending = None
         if self.omni_inputs_embeds is not None:
             kwargs["inputs_embeds"] = self.omni_inputs_embeds[:num_tokens]
             if not self.keep_input_ids:
@@ -369,38 +367,6 @@ class OmniModelStateMixin:
         return kwargs
 
     # ---------------------------------------------------------- model output
-    def _on_forward(self, module: Any, args: Any, output: Any) -> Any:
-        """Forward hook on the model: return the text hidden states vLLM expects.
-
-        Eager / piecewise steps keep the output object; forwards under graph
-        capture copy it into persistent buffers (a FULL replay refreshes them)."""
-        from core.outputs import OmniOutput
-
-        if not self._capturing:
-            self._live = output
-        else:
-            self._store_for_graph(output)
-        return output.text_hidden_states if isinstance(output, OmniOutput) else None
-
-    def _store_for_graph(self, output: Any) -> None:
-        from core.outputs import OmniOutput
-
-        hidden = output.text_hidden_states if isinstance(output, OmniOutput) else output
-        mm = output.multimodal_outputs if isinstance(output, OmniOutput) else {}
-        self._graph_hidden = _persistent(self._graph_hidden, hidden, self.max_num_tokens)
-        for key, value in mm.items():
-            self._graph_mm[key] = _persistent(self._graph_mm.get(key), value, self.max_num_tokens)
-        self._graph_keys = tuple(mm)
-
-    def _step_output(self, num_tokens: int) -> Any:
-        from core.outputs import OmniOutput
-
-        if self._live is not None:
-            return self._live
-        if self._graph_hidden is None:
-            raise RuntimeError("the omni model state saw no forward output this step (neither eager nor a captured graph)")
-        return OmniOutput(self._graph_hidden[:num_tokens], {k: self._graph_mm[k][:num_tokens] for k in self._graph_keys})
-
     def on_sampled(self, input_batch: Any, sampled_token_ids: Any | None) -> None:
         """For a real batch: ``process_model_output`` on this step's output and
         (with ``sampled_token_ids`` ``[num_reqs, 1]``) the talker MTP.
@@ -408,28 +374,17 @@ class OmniModelStateMixin:
         if self._pending is None or list(input_batch.req_ids[: input_batch.num_reqs]) != self._pending[0]:
             return  # a dummy sampler run
         batch = self._pending[1]
-        out = self._step_output(int(input_batch.num_tokens_after_padding))
+        out = self.omni_io.take(int(input_batch.num_tokens_after_padding))
         if sampled_token_ids is None:
             self._hidden = self.omni_hooks.process_model_output(out, batch)
             return
         self.omni_hooks.run_talker_mtp(self._hidden, sampled_token_ids, batch)
-        self._pending, self._live, self._hidden = None, None, None
+        self._pending, self._hidden = None, None
 
     def custom_sampler(self, sampler: Any) -> tuple[Any, Any]:
         """Wrap vLLM's V2 sampler (:class:`OmniSampler`); no rejection sampler
         (speculative decoding is refused in ``__init__``)."""
         return OmniSampler(sampler, self), None
-
-
-def _persistent(buf: Any, value: Any, rows: int) -> Any:
-    """``value`` copied into ``buf[:n]``; ``buf`` ``[max(rows, n), ...]`` is
-    allocated when absent or of another shape / dtype (only on a warm-up
-    forward, which vLLM runs before each capture)."""
-    n = int(value.shape[0])
-    if buf is None or buf.shape[1:] != value.shape[1:] or buf.dtype != value.dtype or buf.shape[0] < n:
-        buf = value.new_empty((max(rows, n), *value.shape[1:]))
-    buf[:n].copy_(value)
-    return buf
 
 
 class OmniSampler:
@@ -496,16 +451,10 @@ class OmniV2RunnerMixin:
             )
 
     def sample_tokens(self, grammar_output: Any) -> Any:
-        out = super().sample_tokens(grammar_output)  # type: ignore[misc]
-        if out is None:
-            return out
-        hooks = self.omni_hooks
-        convert = functools.partial(hooks.get_model_runner_output, step=hooks.take_step_outputs())
-        if hasattr(out, "get_output") and not hasattr(out, "req_ids"):  # vLLM's AsyncOutput
-            from core.runner import _OmniAsyncOutput
+        from core.model_io import omni_runner_output
 
-            return _OmniAsyncOutput(out, convert)
-        return convert(out)
+        # V2 returns an async output at every step: a real AsyncModelRunnerOutput subclass wraps it
+        return omni_runner_output(super().sample_tokens(grammar_output), self.omni_hooks)  # type: ignore[misc]
 
 
 @functools.lru_cache(maxsize=None)

@@ -8,12 +8,15 @@ CPU, XPU and Ascend V1 runners subclass) and calls :class:`~core.hooks.OmniHooks
 ==========================  ==============================================
 upstream seam               omni hook
 ==========================  ==============================================
-``load_model``              ``bind_model`` (MTP graph wrapping via Backend)
+``load_model``              ``bind_model`` (MTP graph wrapping via Backend);
+                            :class:`~core.model_io.ModelOutputAdapter` on the
+                            model (every vLLM call of it gets a tensor)
 ``_update_states``          ``on_finished_requests``, ``on_new_requests``
 ``_preprocess``             ``prepare_prefill_embeds``, ``build_extra_kwargs``
-``_model_forward``          ``process_model_output`` (OmniOutput -> hidden)
+``_model_forward``          ``process_model_output`` (adapter's outputs)
 ``_sample``                 talker MTP once per sampled token
-``sample_tokens``           ``get_model_runner_output`` (OmniModelRunnerOutput)
+``sample_tokens``           ``get_model_runner_output`` (OmniModelRunnerOutput,
+                            async: ``core.model_io.omni_runner_output``)
 ==========================  ==============================================
 
 No body of ``execute_model``, ``_dummy_run`` or ``sample_tokens`` is copied.
@@ -26,6 +29,7 @@ from typing import Any
 
 from core.hooks import BatchView, OmniHooks
 from core.kinds import AR, KINDS
+from core.model_io import ModelOutputAdapter, omni_runner_output
 from omni_backends.backend import Backend, capture_sizes
 from omni_backends.errors import OmniBackendError
 from omni_backends.registry import get_backend
@@ -46,6 +50,13 @@ class OmniV1RunnerMixin:
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         super().load_model(*args, **kwargs)
         self._omni_talker_mtp = None
+        old = getattr(self, "_omni_io", None)
+        if old is not None:  # a reload: one hook per model
+            old.remove()
+        # at the model, so every call vLLM makes (_dummy_run, profile, warm-up, graph capture) gets a tensor
+        self._omni_io = ModelOutputAdapter(
+            self.get_model(), self.max_num_tokens, self.model_config.get_hidden_size(), self.dtype
+        )
         self.omni_hooks.bind_model(self.get_model(), self.vllm_config, mtp_runner=self._omni_static_mtp)
 
     def _omni_static_mtp(self, head: Any) -> Any:
@@ -98,6 +109,7 @@ class OmniV1RunnerMixin:
         )
         hooks = self.omni_hooks
         batch = self._omni_batch = self._batch_view()
+        self._omni_io.begin_step()
         if inputs_embeds is None and hooks.needs_embeds(batch):
             inputs_embeds = self.inputs_embeds.gpu[:num_input_tokens]
             inputs_embeds.copy_(self.model.embed_input_ids(input_ids))
@@ -108,10 +120,10 @@ class OmniV1RunnerMixin:
         return input_ids, inputs_embeds, positions, intermediate_tensors, model_kwargs, ec_out
 
     def _model_forward(self, *args: Any, **kwargs: Any) -> Any:
-        out = super()._model_forward(*args, **kwargs)
-        if self._omni_batch is None:  # dummy / profile runs
-            return getattr(out, "text_hidden_states", out)
-        self._omni_hidden = self.omni_hooks.process_model_output(out, self._omni_batch)
+        hidden = super()._model_forward(*args, **kwargs)  # a tensor: the adapter sits at the model
+        if self._omni_batch is None or not hasattr(hidden, "shape"):  # dummy runs; intermediate tensors (PP)
+            return hidden
+        self._omni_hidden = self.omni_hooks.process_model_output(self._omni_io.take(hidden), self._omni_batch)
         return self._omni_hidden
 
     def _sample(self, logits: Any, spec_decode_metadata: Any) -> Any:
@@ -123,22 +135,7 @@ class OmniV1RunnerMixin:
     def sample_tokens(self, grammar_output: Any) -> Any:
         out = super().sample_tokens(grammar_output)
         self._omni_batch, self._omni_hidden = None, None
-        if hasattr(out, "get_output") and not hasattr(out, "req_ids"):  # async output
-            return _OmniAsyncOutput(out, self.omni_hooks.get_model_runner_output)
-        return self.omni_hooks.get_model_runner_output(out)
-
-
-class _OmniAsyncOutput:
-    """Wraps vLLM's ``AsyncModelRunnerOutput``; converts on ``get_output()``."""
-
-    def __init__(self, inner: Any, convert: Any) -> None:
-        self._inner, self._convert = inner, convert
-
-    def get_output(self) -> Any:
-        return self._convert(self._inner.get_output())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+        return omni_runner_output(out, self.omni_hooks)  # async outputs: a real AsyncModelRunnerOutput
 
 
 @functools.lru_cache(maxsize=None)

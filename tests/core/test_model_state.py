@@ -366,13 +366,14 @@ def test_one_step_postprocess_and_talker_mtp_through_the_sampler(vllm_config):
 def test_full_graph_replay_reads_the_persistent_outputs(vllm_config):
     """Simulated FULL graph: a forward under capture copies its outputs into
     persistent buffers (in a graph, that copy is captured); a replayed step
-    runs no Python forward, and the sampler hook reads those buffers."""
+    runs no Python forward, and the sampler hook reads those buffers
+    (core.model_io.ModelOutputAdapter, at the model)."""
     model = TinyTalker()
     state = make_state(vllm_config, model)
     rs = add_all(state, payloads())
     kw = state.prepare_dummy_inputs(3, 16)  # vLLM's capture builds its inputs here
     model(**{"input_ids": None, "positions": None, **kw})
-    hidden_buf, mm_buf = state._graph_hidden, state._graph_mm["hidden"]
+    hidden_buf, mm_buf = state.omni_io._hidden, state.omni_io._buffers["hidden"]
     assert hidden_buf.shape == (MAX_TOKENS, H) and mm_buf.shape == (MAX_TOKENS, H)
     b = input_batch(padded=16)
     kw = state.prepare_inputs(b, rs)
@@ -520,6 +521,8 @@ def _v1_step(model, pl, b):
             self.query_start_loc = types.SimpleNamespace(np=b.query_start_loc_np.copy())
             self.inputs_embeds = types.SimpleNamespace(gpu=torch.zeros(MAX_TOKENS, H))
             self.model = model
+            self.max_num_tokens, self.dtype = MAX_TOKENS, torch.float32
+            self.model_config = types.SimpleNamespace(get_hidden_size=lambda: H)
 
         def load_model(self):
             pass
@@ -552,6 +555,7 @@ def _v1_step(model, pl, b):
     runner._sample(model.compute_logits(hidden[b.logits_indices]), None)
     out = runner.sample_tokens(None)
     runner._update_states(types.SimpleNamespace(finished_req_ids={"mid"}, scheduled_new_reqs=[]))
+    runner._omni_io.remove()  # the V2 step reuses this model instance: one output adapter per model
     return out
 
 
@@ -614,7 +618,10 @@ def test_v1_and_v2_call_the_same_hooks_with_the_same_batches(vllm_config, spy):
 
 @needs_vllm
 def test_v2_runner_seam_converts_async_output_with_its_own_step(cpu_selected):
-    """An async output read after the next step ran still gets its own step's outputs."""
+    """An async output read after the next step ran still gets its own step's
+    outputs, and is an ``AsyncModelRunnerOutput`` (what vLLM's executors unwrap)."""
+    from vllm.v1.outputs import AsyncModelRunnerOutput
+
     from core.hooks import OmniHooks
     from core.model_state import OmniV2RunnerMixin
     from core.outputs import OmniModelRunnerOutput
@@ -623,7 +630,7 @@ def test_v2_runner_seam_converts_async_output_with_its_own_step(cpu_selected):
     hooks.bind_model(object())
     steps = iter([torch.ones(1), torch.zeros(1)])
 
-    class Async:  # vLLM's AsyncOutput: no req_ids until get_output()
+    class Async(AsyncModelRunnerOutput):  # vLLM's AsyncOutput: no req_ids until get_output()
         def __init__(self, base):
             self.base = base
 
@@ -639,6 +646,7 @@ def test_v2_runner_seam_converts_async_output_with_its_own_step(cpu_selected):
     runner.model_state = types.SimpleNamespace(omni_hooks=hooks)
     first = runner.sample_tokens(None)
     second = runner.sample_tokens(None)  # the next step runs before the first output is read
+    assert isinstance(first, AsyncModelRunnerOutput) and isinstance(second, AsyncModelRunnerOutput)
     o1, o2 = first.get_output(), second.get_output()
     assert isinstance(o1, OmniModelRunnerOutput) and isinstance(o2, OmniModelRunnerOutput)
     assert o1.multimodal_outputs["a"]["x"].tolist() == [1.0] and o2.multimodal_outputs["a"]["x"].tolist() == [0.0]

@@ -1,0 +1,249 @@
+"""Where the core meets vLLM's calls of the model and vLLM's view of the runner's output.
+
+Two facts about vLLM's runners (V1 ``GPUModelRunner`` and the CPU / XPU /
+Ascend runners built on it; the V2 runner) that the core must not assume away:
+
+1. **The model is called from many places**, not only ``_model_forward``:
+   ``_dummy_run`` (reached from ``profile_run``, warm-up and CUDA-graph capture)
+   calls ``self.model(...)`` directly, ``CUDAGraphWrapper`` captures the call and
+   later *replays* it without running any Python, and torch.compile'd
+   (PIECEWISE) models run their outer ``forward`` eagerly around captured
+   pieces. Each of those expects a tensor back (``CUDAGraphWrapper`` even
+   weak-refs it). :class:`ModelOutputAdapter` therefore sits **at the model**
+   (a forward hook on the model instance, installed by the runner's
+   ``load_model`` on V1 and by the model state on V2): every call returns the
+   text hidden states ``[num_tokens, H]``; the multimodal outputs are kept
+   aside, token-aligned tensors in persistent buffers, so that a FULL-graph
+   replay (no Python) refreshes them exactly as an eager step does.
+2. **Async outputs are recognised by class**: vLLM's executors and engine
+   core unwrap an output only if it is an instance of
+   ``vllm.v1.outputs.AsyncModelRunnerOutput`` (``isinstance``), whose abstract
+   methods differ by version (0.26: ``get_output``; 0.33 adds
+   ``get_kv_connector_output``). :func:`omni_runner_output` wraps an async
+   output into a real subclass built from the installed base class, delegating
+   every abstract method it declares, and takes this step's multimodal outputs
+   at once (an async output is read after the next step has started).
+
+The seams are declared below (:data:`SEAMS`) for ``omni-backends check-drift``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable
+
+import torch
+
+from omni_backends.binding import VendorSymbol
+
+log = logging.getLogger(__name__)
+
+ASYNC_MODEL_RUNNER_OUTPUT = VendorSymbol("vllm.v1.outputs", "AsyncModelRunnerOutput", kind="class")
+ASYNC_GET_OUTPUT = VendorSymbol("vllm.v1.outputs", "AsyncModelRunnerOutput.get_output")
+SEAMS: tuple[VendorSymbol, ...] = (ASYNC_MODEL_RUNNER_OUTPUT, ASYNC_GET_OUTPUT)
+"""The vLLM symbols this module binds (for the drift check)."""
+
+
+# ------------------------------------------------------------------ model outputs
+def split_output(output: Any) -> tuple[Any, dict[str, Any]]:
+    """``(text_hidden_states, multimodal_outputs)`` of whatever the model returned.
+
+    Recognises :class:`core.outputs.OmniOutput` and anything with the two
+    attributes ``text_hidden_states`` / ``multimodal_outputs`` (vLLM-Omni's
+    ``OmniOutput`` NamedTuple included); a bare tensor is its own hidden
+    states. ``multimodal_outputs`` may be ``None``. Nested
+    ``{category: {qualifier: value}}`` dicts are kept as they are.
+    """
+    if isinstance(output, torch.Tensor):
+        return output, {}
+    if hasattr(output, "text_hidden_states") and hasattr(output, "multimodal_outputs"):
+        return output.text_hidden_states, dict(output.multimodal_outputs or {})
+    raise TypeError(
+        f"the omni model returned {type(output).__name__}; return a tensor [num_tokens, hidden] or an OmniOutput "
+        "(text_hidden_states, multimodal_outputs)"
+    )
+
+
+class ModelOutputAdapter:
+    """A forward hook on the model instance: vLLM always gets a tensor back.
+
+    - ``model``: the ``nn.Module`` vLLM calls (the runner's ``get_model()``,
+      i.e. below any ``CUDAGraphWrapper``).
+    - ``max_num_tokens``: rows of the persistent buffers (the scheduler's
+      ``max_num_batched_tokens``, the most any call can carry).
+    - ``hidden_size`` / ``dtype``: of the placeholder returned for models
+      whose output has ``text_hidden_states=None`` (generation kinds such as
+      code2wav): zeros ``[num_tokens, hidden_size]``, which vLLM's logits path
+      then reads.
+
+    Every call: text hidden states ``[num_tokens, H]`` are returned; each
+    multimodal output that is a tensor with first dim ``num_tokens`` is copied
+    into a persistent buffer ``[max_num_tokens, ...]`` (allocated on the first
+    call with that shape — vLLM's ``profile_run``, before any capture — so a
+    captured graph writes the same memory on every replay); other values
+    (per-request lists, nested dicts) are kept as this call's Python objects.
+
+    The runner brackets a real step with :meth:`begin_step` and, after the
+    forward, reads :meth:`take`. Raises ``RuntimeError`` from :meth:`take` when
+    a step replayed a graph (no Python ran) but the model's outputs include
+    values only Python can produce.
+    """
+
+    def __init__(self, model: Any, max_num_tokens: int, hidden_size: int | None = None, dtype: Any = None,
+                 *, keep_hidden: bool = False) -> None:
+        self.max_num_tokens = int(max_num_tokens)
+        self.keep_hidden = keep_hidden
+        self._hidden: torch.Tensor | None = None
+        self.hidden_size, self.dtype = hidden_size, dtype
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._placeholder: torch.Tensor | None = None
+        self._tensor_keys: tuple[str, ...] = ()
+        self._objects: dict[str, Any] = {}
+        self._object_keys: tuple[str, ...] = ()
+        self._called = False
+        self.calls = 0
+        self._handle = model.register_forward_hook(self._on_forward, with_kwargs=True)
+
+    def remove(self) -> None:
+        """Remove the hook (the model then returns its own outputs again)."""
+        self._handle.remove()
+
+    # ---------------------------------------------------------------- the hook
+    def _on_forward(self, module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> torch.Tensor:
+        self.calls += 1
+        hidden, mm = split_output(output)
+        if hidden is None:
+            hidden = self._zeros(_num_tokens(args, kwargs))
+        n = int(hidden.shape[0])
+        if self.keep_hidden:
+            self._hidden = _persistent(self._hidden, hidden, self.max_num_tokens)
+        tensor_keys, objects = [], {}
+        for key, value in mm.items():
+            if isinstance(value, torch.Tensor) and value.dim() >= 1 and int(value.shape[0]) == n:
+                self._buffers[key] = _persistent(self._buffers.get(key), value, self.max_num_tokens)
+                tensor_keys.append(key)
+            else:
+                objects[key] = value
+        self._tensor_keys, self._objects, self._called = tuple(tensor_keys), objects, True
+        self._object_keys = tuple(objects)
+        return hidden
+
+    def _zeros(self, n: int) -> torch.Tensor:
+        if self.hidden_size is None:
+            raise TypeError("the omni model returned text_hidden_states=None but the runner gave no hidden_size")
+        if self._placeholder is None or self._placeholder.shape[0] < n:
+            p = next(iter(self._buffers.values()), None)
+            device = p.device if p is not None else None
+            self._placeholder = torch.zeros(max(n, self.max_num_tokens), self.hidden_size, dtype=self.dtype,
+                                            device=device)
+        return self._placeholder[:n]
+
+    # ---------------------------------------------------------------- the step
+    def begin_step(self) -> None:
+        """Before a real step's forward: forget the previous call's Python objects."""
+        self._called, self._objects = False, {}
+
+    def take(self, hidden: torch.Tensor | int) -> Any:
+        """This step's output as an :class:`~core.outputs.OmniOutput`:
+        ``hidden`` (what the forward returned, ``[num_tokens, H]``; or the
+        number of tokens, read from the persistent copy made with
+        ``keep_hidden=True``) and the multimodal outputs (token-aligned ones as
+        views ``[:num_tokens]`` of the persistent buffers, valid until the next
+        forward)."""
+        from core.outputs import OmniOutput
+
+        if isinstance(hidden, int):
+            if self._hidden is None:
+                raise RuntimeError("no forward of the model was seen (neither eager nor a captured graph)")
+            hidden = self._hidden[:hidden]
+        if not self._called and self._object_keys:
+            raise RuntimeError(
+                "the model's forward was replayed from a captured graph, but its multimodal outputs include "
+                "Python objects (per-request lists / dicts) a graph cannot produce; run this model without FULL "
+                "graphs (set compilation_config cudagraph_mode=PIECEWISE or enforce_eager=True)"
+            )
+        n = int(hidden.shape[0])
+        mm = {k: self._buffers[k][:n] for k in self._tensor_keys}
+        mm.update(self._objects)
+        return OmniOutput(text_hidden_states=hidden, multimodal_outputs=mm)
+
+
+
+def _num_tokens(args: Any, kwargs: dict[str, Any]) -> int:
+    """Tokens of a model call: ``inputs_embeds`` / ``input_ids`` rows, else
+    ``positions``' last dim (``[num_tokens]`` or M-RoPE's ``[3, num_tokens]``)."""
+    named = dict(zip(("input_ids", "positions", "intermediate_tensors", "inputs_embeds"), args))
+    named.update(kwargs)
+    for key in ("inputs_embeds", "input_ids"):
+        if isinstance(named.get(key), torch.Tensor):
+            return int(named[key].shape[0])
+    if isinstance(named.get("positions"), torch.Tensor):
+        return int(named["positions"].shape[-1])
+    raise TypeError("cannot tell the number of tokens of a model call with text_hidden_states=None")
+
+
+def _persistent(buf: torch.Tensor | None, value: torch.Tensor, rows: int) -> torch.Tensor:
+    """``value`` copied into ``buf[:n]``; ``buf`` ``[max(rows, n), ...]`` is
+    (re)allocated only when absent or of another trailing shape / dtype /
+    device (on vLLM's first, eager, call: ``profile_run``)."""
+    n = int(value.shape[0])
+    if (buf is None or buf.shape[1:] != value.shape[1:] or buf.dtype != value.dtype or buf.device != value.device
+            or buf.shape[0] < n):
+        buf = value.new_empty((max(rows, n), *value.shape[1:]))
+    buf[:n].copy_(value)
+    return buf
+
+
+# ------------------------------------------------------------------ runner output
+@functools.lru_cache(maxsize=None)
+def omni_async_output_cls(base: type | None = None) -> type:
+    """A subclass of ``base`` (default: the installed
+    ``vllm.v1.outputs.AsyncModelRunnerOutput``) wrapping vLLM's own async
+    output: ``OmniAsyncModelRunnerOutput(inner, convert)``; ``get_output()``
+    returns ``convert(inner.get_output())``; every other abstract method of
+    ``base`` (e.g. 0.33's ``get_kv_connector_output``) and every other
+    attribute delegates to ``inner``."""
+    if base is None:
+        base = ASYNC_MODEL_RUNNER_OUTPUT.resolve()
+
+    def __init__(self: Any, inner: Any, convert: Callable[[Any], Any]) -> None:
+        self._inner, self._convert = inner, convert
+
+    def get_output(self: Any) -> Any:
+        return self._convert(self._inner.get_output())
+
+    def __getattr__(self: Any, name: str) -> Any:
+        if name in ("_inner", "_convert"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+    ns: dict[str, Any] = {"__init__": __init__, "get_output": get_output, "__getattr__": __getattr__,
+                          "__module__": __name__, "__doc__": omni_async_output_cls.__doc__}
+    for name in getattr(base, "__abstractmethods__", ()):
+        ns.setdefault(name, _delegate(name))
+    return type("OmniAsyncModelRunnerOutput", (base,), ns)
+
+
+def _delegate(name: str) -> Callable[..., Any]:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._inner, name)(*args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+def omni_runner_output(out: Any, hooks: Any) -> Any:
+    """What the omni runner's ``sample_tokens`` returns for vLLM's ``out``.
+
+    This step's multimodal outputs are taken from ``hooks`` now; a
+    ``ModelRunnerOutput`` becomes an ``OmniModelRunnerOutput`` at once, an
+    ``AsyncModelRunnerOutput`` an :func:`omni_async_output_cls` instance that
+    converts on ``get_output()``; ``None`` stays ``None``."""
+    if out is None:
+        return None
+    convert = functools.partial(hooks.get_model_runner_output, step=hooks.take_step_outputs())
+    base = ASYNC_MODEL_RUNNER_OUTPUT.resolve()
+    if isinstance(out, base):
+        return omni_async_output_cls(base)(out, convert)
+    return convert(out)

@@ -1,0 +1,239 @@
+"""Every call vLLM makes of an omni model gets a tensor; async outputs are the
+class vLLM's executors unwrap (core.model_io). Regression tests for the two
+faults seen on a real vLLM CUDA engine (issue 14): ``'OmniOutput' object is not
+subscriptable`` in ``_dummy_run`` (V1) and ``'AsyncOutput' object has no
+attribute 'logprobs'`` in the scheduler (V2, V1 with async scheduling)."""
+
+from __future__ import annotations
+
+import abc
+import types
+import weakref
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from core.model_io import ModelOutputAdapter, omni_async_output_cls, split_output
+from core.outputs import OmniOutput
+
+H, MAX_TOKENS = 4, 16
+
+
+class OmniModel(nn.Module):
+    """Returns an OmniOutput: hidden = embedding, mm["hidden"] = hidden * 2."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, H)
+
+    def forward(self, input_ids, positions=None, intermediate_tensors=None, inputs_embeds=None, **kw):
+        h = self.embed(input_ids)
+        return OmniOutput(text_hidden_states=h, multimodal_outputs={"hidden": h * 2})
+
+
+class VllmOmniOutput(NamedTuple):  # vLLM-Omni's output_templates.OmniOutput field layout
+    text_hidden_states: torch.Tensor | None
+    multimodal_outputs: dict | None = None
+    intermediate_tensors: object = None
+    next_token_id: object = None
+
+
+def test_direct_calls_get_a_tensor_a_weakref_survives_and_outputs_land_in_persistent_buffers():
+    model = OmniModel()
+    io = ModelOutputAdapter(model, MAX_TOKENS)
+    ids = torch.tensor([1, 2, 3])
+    out = model(input_ids=ids, positions=None)  # how vLLM's _dummy_run / CUDAGraphWrapper call it
+    assert isinstance(out, torch.Tensor) and out.shape == (3, H)
+    assert out[torch.tensor([2])].shape == (1, H)  # _dummy_run indexes the result
+    weakref.ref(out)  # CUDAGraphWrapper weak-refs the output
+    buf = io._buffers["hidden"]
+    assert buf.shape == (MAX_TOKENS, H)
+    io.begin_step()
+    model(ids[:2])
+    got = io.take(out[:2])
+    torch.testing.assert_close(got.multimodal_outputs["hidden"], model.embed(ids[:2]).detach() * 2)
+    assert got.multimodal_outputs["hidden"].data_ptr() == buf.data_ptr()  # the same memory every call
+    io.remove()
+    assert isinstance(model(ids), OmniOutput)
+
+
+def test_a_replayed_step_reads_the_buffers_a_captured_forward_writes():
+    model = OmniModel()
+    io = ModelOutputAdapter(model, MAX_TOKENS, keep_hidden=True)
+    model(torch.tensor([0, 0, 0, 0]))  # capture: the copies are part of the graph
+    io.begin_step()  # a replayed step: no Python forward; the graph refreshes the buffers
+    ids = torch.tensor([5, 6, 7, 8])
+    with torch.no_grad():
+        h = model.embed(ids)
+        io._hidden[:4].copy_(h)
+        io._buffers["hidden"][:4].copy_(h * 2)
+    got = io.take(4)
+    torch.testing.assert_close(got.text_hidden_states, h)
+    torch.testing.assert_close(got.multimodal_outputs["hidden"], h * 2)
+
+
+def test_python_only_outputs_under_replay_are_refused_with_the_fix():
+    class Lists(OmniModel):
+        def forward(self, input_ids, *a, **k):
+            h = self.embed(input_ids)
+            return OmniOutput(h, {"per_request": [h[:1]]})
+
+    model = Lists()
+    io = ModelOutputAdapter(model, MAX_TOKENS)
+    h = model(torch.tensor([1, 2]))
+    io.begin_step()
+    with pytest.raises(RuntimeError, match="cudagraph_mode=PIECEWISE or enforce_eager"):
+        io.take(h)
+    io.begin_step()
+    h = model(torch.tensor([1, 2]))
+    assert isinstance(io.take(h).multimodal_outputs["per_request"], list)  # eager: Python objects pass
+
+
+def test_vllm_omni_output_and_generation_models_without_text_hidden_states():
+    h = torch.ones(3, H)
+    assert split_output(VllmOmniOutput(h, None))[0] is h
+    assert split_output(VllmOmniOutput(h, {"codes": {"audio": 1}}))[1] == {"codes": {"audio": 1}}
+    with pytest.raises(TypeError, match="return a tensor"):
+        split_output((h, {}))
+
+    class Code2Wav(nn.Module):
+        def forward(self, input_ids, positions=None, **kw):
+            return VllmOmniOutput(None, {"wave": [torch.ones(5)]})
+
+    model = Code2Wav()
+    io = ModelOutputAdapter(model, MAX_TOKENS, hidden_size=H, dtype=torch.float32)
+    out = model(input_ids=torch.tensor([1, 2, 3]), positions=torch.arange(3))
+    assert out.shape == (3, H) and not out.any()  # the placeholder vLLM's logits path reads
+
+
+# ------------------------------------------------------------------ V1 runner
+def _v1_runner(model):
+    """OmniV1RunnerMixin over a base that calls the model the way vLLM's V1
+    GPUModelRunner does: ``_dummy_run`` (profile, warm-up, capture) calls
+    ``self.model(...)`` directly and indexes the result."""
+    from core.runner import OmniV1RunnerMixin
+
+    class Base:
+        def __init__(self):
+            self.max_num_tokens, self.dtype = MAX_TOKENS, torch.float32
+            self.model_config = types.SimpleNamespace(get_hidden_size=lambda: H)
+            self.vllm_config = None
+
+        def load_model(self):
+            self.model = model
+
+        def get_model(self):
+            return self.model
+
+        def _dummy_run(self, num_tokens):
+            hidden = self.model(input_ids=torch.zeros(num_tokens, dtype=torch.long), positions=None)
+            return hidden[torch.tensor([num_tokens - 1])]
+
+    cls = type("R", (OmniV1RunnerMixin, Base), {"__init__": lambda self: Base.__init__(self)})
+    runner = cls()
+    runner.omni_hooks = types.SimpleNamespace(bind_model=lambda *a, **k: None, mtp_mode="none")
+    return runner
+
+
+def test_v1_dummy_run_calls_the_model_directly_and_gets_a_tensor():
+    runner = _v1_runner(OmniModel())
+    runner.load_model()
+    assert runner._dummy_run(8).shape == (1, H)  # before: 'OmniOutput' object is not subscriptable
+    runner.load_model()  # a reload installs one adapter, not two
+    assert len(runner.model._forward_hooks) == 1
+
+
+# ------------------------------------------------------------------ async outputs
+@pytest.fixture
+def async_base():
+    pytest.importorskip("vllm")
+    from vllm.v1.outputs import AsyncModelRunnerOutput
+
+    return AsyncModelRunnerOutput
+
+
+def _runner_output(ids):
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    return ModelRunnerOutput(req_ids=list(ids), req_id_to_index={r: i for i, r in enumerate(ids)})
+
+
+def test_v1_async_output_is_an_async_model_runner_output_with_its_own_step(async_base):
+    """V1 under async scheduling: the executor unwraps by isinstance; the output
+    read after the next step ran still carries its own step's outputs."""
+    from core.hooks import OmniHooks
+    from core.outputs import OmniModelRunnerOutput
+    from core.runner import OmniV1RunnerMixin
+
+    hooks = OmniHooks(types.SimpleNamespace(name="test"))  # no device op is reached here
+    hooks.bind_model(object())
+    steps = iter([torch.ones(1), torch.zeros(1)])
+
+    class AsyncGPUModelRunnerOutput(async_base):
+        def __init__(self, base):
+            self.base = base
+
+        def get_output(self):
+            return self.base
+
+    class Base:
+        def sample_tokens(self, grammar_output):
+            hooks._add("a", "x", next(steps))
+            return AsyncGPUModelRunnerOutput(_runner_output(["a"]))
+
+    runner = type("R", (OmniV1RunnerMixin, Base), {"__init__": lambda self: None})()
+    runner.omni_hooks = hooks
+    first, second = runner.sample_tokens(None), runner.sample_tokens(None)
+    assert isinstance(first, async_base) and isinstance(second, async_base)
+    o1, o2 = first.get_output(), second.get_output()
+    assert isinstance(o1, OmniModelRunnerOutput) and o1.multimodal_outputs["a"]["x"].tolist() == [1.0]
+    assert o2.multimodal_outputs["a"]["x"].tolist() == [0.0]
+
+
+def test_every_abstract_method_of_the_installed_base_is_delegated():
+    """vLLM 0.33's AsyncModelRunnerOutput adds ``get_kv_connector_output``: the
+    wrapper class is instantiable and delegates it, whatever the version adds."""
+
+    class Base033(abc.ABC):
+        @abc.abstractmethod
+        def get_output(self): ...
+
+        @abc.abstractmethod
+        def get_kv_connector_output(self): ...
+
+    class Inner(Base033):
+        def get_output(self):
+            return "out"
+
+        def get_kv_connector_output(self):
+            return "kv"
+
+        extra = 7
+
+    wrapped = omni_async_output_cls(Base033)(Inner(), lambda o: o.upper())
+    assert isinstance(wrapped, Base033)
+    assert wrapped.get_output() == "OUT" and wrapped.get_kv_connector_output() == "kv" and wrapped.extra == 7
+    assert np.array_equal(sorted(Base033.__abstractmethods__), ["get_kv_connector_output", "get_output"])
+
+
+def test_stored_outputs_survive_the_next_forward_when_to_host_returns_its_input():
+    """On cpu ``Backend.to_host`` returns its input; the adapter's buffers are
+    overwritten by the next forward, so the hooks must own what they keep."""
+    from core.hooks import BatchView, OmniHooks
+
+    hooks = OmniHooks(types.SimpleNamespace(name="cpu-like", to_host=lambda t: t))
+    hooks.bind_model(object())
+    model = OmniModel()
+    io = ModelOutputAdapter(model, MAX_TOKENS)
+    kept = []
+    for step, ids in enumerate(([1, 2], [3, 4])):
+        io.begin_step()
+        h = model(torch.tensor(ids))
+        batch = BatchView(["r"], np.array([0, 2]), np.array([2 * step]), np.array([1]))
+        hooks.process_model_output(io.take(h), batch)
+        kept.append(hooks.take_step_outputs()["r"]["hidden"])
+    with torch.no_grad():
+        torch.testing.assert_close(kept[0], model.embed(torch.tensor([1, 2])) * 2)
