@@ -2,7 +2,8 @@
 
 - worker: the omni runner returns :class:`~core.outputs.OmniModelRunnerOutput`
   (this step's outputs per request);
-- engine core: :class:`OmniScheduler` (``scheduler_cls``) moves them onto
+- engine core: :class:`OmniScheduler` (``scheduler_cls``; over vLLM's
+  ``AsyncScheduler`` when async scheduling is on) moves them onto
   :class:`OmniEngineCoreOutput` (an ``EngineCoreOutput`` msgspec subclass with
   one appended field), holding them back for a request until the scheduler
   emits an output for it;
@@ -18,6 +19,7 @@ Nothing here is device-specific.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -30,6 +32,7 @@ from vllm.v1.engine.output_processor import OutputProcessor
 from core.kinds import AR, GENERATION
 from core.outputs import merge_step_outputs
 from core.payloads import EXTRA_ARGS_KEY, unpack
+from omni_backends.binding import VendorSymbol
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +47,15 @@ class OmniEngineCoreOutputs(EngineCoreOutputs, array_like=True, omit_defaults=Tr
     outputs: list[OmniEngineCoreOutput] = []  # type: ignore[assignment]
 
 
-class OmniScheduler(Scheduler):
-    """vLLM's ``Scheduler`` that forwards the runner's multimodal outputs.
+ASYNC_SCHEDULER = VendorSymbol("vllm.v1.core.sched.async_scheduler", "AsyncScheduler", kind="class")
+ASYNC_SCHEDULING = VendorSymbol("vllm.config.scheduler", "SchedulerConfig.async_scheduling", kind="attribute")
+SCHEDULER_SEAMS = (ASYNC_SCHEDULER, ASYNC_SCHEDULING)
+"""vLLM symbols the scheduler choice binds (for the drift check)."""
+
+
+class OmniSchedulerMixin:
+    """Forwards the runner's multimodal outputs; over vLLM's ``Scheduler`` or
+    ``AsyncScheduler`` (:func:`omni_scheduler_cls`).
 
     Outputs of a step in which the scheduler emits nothing for a request
     (e.g. a chunked-prefill step) are held and attached to its next output;
@@ -74,6 +84,36 @@ class OmniScheduler(Scheduler):
             if req_id not in self.requests:
                 del self._omni_pending[req_id]
         return result
+
+
+@functools.lru_cache(maxsize=None)
+def omni_scheduler_cls(base: type) -> type:
+    """:class:`OmniSchedulerMixin` over vLLM's scheduler class ``base``."""
+    return type(f"Omni{base.__name__}", (OmniSchedulerMixin, base), {"__module__": __name__})
+
+
+def scheduler_base(vllm_config: Any) -> type:
+    """The scheduler vLLM itself would pick (``SchedulerConfig.get_scheduler_cls``
+    without a custom class): ``AsyncScheduler`` when
+    ``scheduler_config.async_scheduling`` is on (vLLM's default on CUDA),
+    ``Scheduler`` otherwise. A subclass of plain ``Scheduler`` would silently
+    turn async scheduling off."""
+    if getattr(vllm_config.scheduler_config, ASYNC_SCHEDULING.attr.split(".")[-1]):
+        return ASYNC_SCHEDULER.resolve()
+    return Scheduler
+
+
+class OmniScheduler:
+    """vLLM's ``scheduler_cls`` for omni engines (``core.stage.SCHEDULER_CLS``).
+
+    vLLM builds the scheduler with keyword arguments
+    (``vllm_config=``, ``kv_cache_config=``, ...); this returns an instance of
+    ``omni_scheduler_cls(scheduler_base(vllm_config))``, so async scheduling
+    stays what the config says."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
+        return omni_scheduler_cls(scheduler_base(vllm_config))(*args, **kwargs)
 
 
 class OmniOutputProcessor(OutputProcessor):

@@ -151,7 +151,9 @@ class OmniHooks:
     # ------------------------------------------------------ on_new_requests
     def on_new_requests(self, new_requests: Iterable[tuple[str, Any]]) -> None:
         """Store each new request's payload (from ``sampling_params.extra_args``)
-        and run the model's ``omni_preprocess`` on it once."""
+        and run the model's ``omni_preprocess`` on it once. A request that
+        carries no payload (vLLM's own warm-up requests) is stored with an
+        empty one and not preprocessed."""
         pre = self._model_preprocess
         for req_id, sampling_params in new_requests:
             if self.kind == GENERATION and getattr(sampling_params, "max_tokens", 1) != 1:
@@ -160,8 +162,12 @@ class OmniHooks:
                     f"submit it with SamplingParams(max_tokens=1), not max_tokens={sampling_params.max_tokens}"
                 )
             extra = getattr(sampling_params, "extra_args", None) or {}
-            payload = unpack(extra.get(EXTRA_ARGS_KEY))
-            if pre is not None:
+            packed = extra.get(EXTRA_ARGS_KEY)
+            payload = unpack(packed)
+            # a request without an omni payload is vLLM's own (V2's warm-up sends real requests,
+            # ``_v2_mixed_warmup_*``): nothing to preprocess. The front end refuses user requests whose
+            # payload the model rejects (``validate_omni_payload``), so none arrives here without one.
+            if pre is not None and packed is not None:
                 payload.update(pre(payload))
             self.payloads.put(req_id, payload)
 

@@ -237,3 +237,61 @@ def test_stored_outputs_survive_the_next_forward_when_to_host_returns_its_input(
         kept.append(hooks.take_step_outputs()["r"]["hidden"])
     with torch.no_grad():
         torch.testing.assert_close(kept[0], model.embed(torch.tensor([1, 2])) * 2)
+
+
+# ------------------------------------------------------- vLLM's own requests and scheduler
+def test_vllms_warmup_requests_without_a_payload_skip_the_models_preprocess():
+    """vLLM 0.26's V2 warm-up (``warmup_kernels``) schedules real requests
+    (``_v2_mixed_warmup_*``) with plain SamplingParams: a model whose
+    preprocess needs its payload must not see them (seen on the H200)."""
+    pytest.importorskip("vllm")
+    from vllm import SamplingParams
+
+    from core.hooks import OmniHooks
+    from core.payloads import EXTRA_ARGS_KEY, pack
+
+    class Talker:
+        def omni_preprocess(self, payload):
+            if "thinker_hidden" not in payload:
+                raise ValueError("talker request needs 'thinker_hidden'")
+            return {"prompt_embeds": payload["thinker_hidden"] * 2}
+
+    hooks = OmniHooks(types.SimpleNamespace(name="t", device=lambda: torch.device("cpu")))
+    hooks.bind_model(Talker())
+    hooks.on_new_requests([("_v2_mixed_warmup_decode_", SamplingParams(max_tokens=2, temperature=0.0))])
+    assert hooks.payloads.get("_v2_mixed_warmup_decode_") == {}
+    user = SamplingParams(max_tokens=2, extra_args={EXTRA_ARGS_KEY: pack({"thinker_hidden": torch.ones(2, 3)})})
+    hooks.on_new_requests([("u", user)])
+    assert torch.equal(hooks.payloads.get("u")["prompt_embeds"], torch.full((2, 3), 2.0))
+    with pytest.raises(ValueError, match="thinker_hidden"):  # a payload the model rejects still fails loudly
+        hooks.on_new_requests([("bad", SamplingParams(extra_args={EXTRA_ARGS_KEY: pack({"voice": 1})}))])
+
+
+def test_the_omni_scheduler_keeps_vllms_async_scheduling():
+    """vLLM uses a custom ``scheduler_cls`` as given; one over plain
+    ``Scheduler`` turns async scheduling (vLLM's CUDA default) off."""
+    pytest.importorskip("vllm")
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    import core.engine as engine
+
+    def config(on):
+        return types.SimpleNamespace(scheduler_config=types.SimpleNamespace(async_scheduling=on))
+
+    assert engine.scheduler_base(config(True)) is AsyncScheduler
+    assert engine.scheduler_base(config(False)) is Scheduler
+    assert issubclass(engine.omni_scheduler_cls(AsyncScheduler), AsyncScheduler)
+    built = []
+
+    class Probe:
+        def __init__(self, **kw):
+            built.append(kw)
+
+    orig = engine.omni_scheduler_cls
+    engine.omni_scheduler_cls = lambda base: type("P", (Probe,), {"base": base})
+    try:
+        s = engine.OmniScheduler(vllm_config=config(True), kv_cache_config=None)
+    finally:
+        engine.omni_scheduler_cls = orig
+    assert type(s).base is AsyncScheduler and built == [{"vllm_config": config(True), "kv_cache_config": None}]
