@@ -136,7 +136,8 @@ class OmniHooks:
             self._mtp, self.mtp_mode = None, "none"
             return
         caps = self.backend.capabilities()
-        if caps.talker_mtp_graph and getattr(model, "talker_mtp_graph_safe", False) and vllm_config is not None:
+        graphs_on = _graphs_enabled(vllm_config)
+        if caps.talker_mtp_graph and getattr(model, "talker_mtp_graph_safe", False) and graphs_on:
             from vllm.config import CUDAGraphMode
 
             self._mtp = self.backend.wrap_graph(mtp, vllm_config, CUDAGraphMode.FULL)
@@ -144,7 +145,8 @@ class OmniHooks:
         else:
             self._mtp = mtp
             self.mtp_mode = "eager"
-            log.info("talker MTP runs eager: driver %s has talker_mtp_graph=%s", self.backend.name, caps.talker_mtp_graph)
+            log.info("talker MTP runs eager: driver %s has talker_mtp_graph=%s, engine graphs %s",
+                     self.backend.name, caps.talker_mtp_graph, "on" if graphs_on else "off (enforce_eager / NONE)")
         if mtp_runner is not None:
             self._mtp = mtp_runner(self._mtp)
 
@@ -302,6 +304,16 @@ class OmniHooks:
         fields = {name: getattr(base, name) for name in _field_names(type(base))}
         mm = {r: v for r, v in step.items() if r in base.req_id_to_index}
         return OmniModelRunnerOutput(**fields, multimodal_outputs=mm)
+
+
+def _graphs_enabled(vllm_config: Any) -> bool:
+    """True unless the engine runs without graphs (``enforce_eager``, i.e.
+    ``compilation_config.cudagraph_mode`` NONE): then vLLM never calls
+    ``capture_model`` and a graph-wrapped head would capture mid-step."""
+    if vllm_config is None:
+        return False
+    mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
+    return mode is None or mode.name != "NONE"
 
 
 def _owned(host: torch.Tensor, source: torch.Tensor) -> torch.Tensor:

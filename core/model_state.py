@@ -437,7 +437,10 @@ class OmniV2RunnerMixin:
         return getattr(getattr(self, "model_state", None), "omni_hooks", None)
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
+        from core.model_io import limit_cudagraph_mode
+
         super().load_model(*args, **kwargs)  # type: ignore[misc]
+        limit_cudagraph_mode(getattr(self, "vllm_config", None), self.get_model())  # type: ignore[attr-defined]
         state = getattr(self, "model_state", None)
         if not isinstance(state, OmniModelStateMixin):
             from omni_backends.errors import OmniBackendError

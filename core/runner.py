@@ -29,7 +29,7 @@ from typing import Any
 
 from core.hooks import BatchView, OmniHooks
 from core.kinds import AR, KINDS
-from core.model_io import ModelOutputAdapter, omni_runner_output
+from core.model_io import ModelOutputAdapter, limit_cudagraph_mode, omni_runner_output
 from omni_backends.backend import Backend, capture_sizes
 from omni_backends.errors import OmniBackendError
 from omni_backends.registry import get_backend
@@ -57,6 +57,7 @@ class OmniV1RunnerMixin:
         self._omni_io = ModelOutputAdapter(
             self.get_model(), self.max_num_tokens, self.model_config.get_hidden_size(), self.dtype
         )
+        limit_cudagraph_mode(self.vllm_config, self.get_model())  # before vLLM resolves it (KV-cache init)
         self.omni_hooks.bind_model(self.get_model(), self.vllm_config, mtp_runner=self._omni_static_mtp)
 
     def _omni_static_mtp(self, head: Any) -> Any:

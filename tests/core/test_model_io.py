@@ -295,3 +295,69 @@ def test_the_omni_scheduler_keeps_vllms_async_scheduling():
     finally:
         engine.omni_scheduler_cls = orig
     assert type(s).base is AsyncScheduler and built == [{"vllm_config": config(True), "kv_cache_config": None}]
+
+
+def test_models_reading_per_request_kwargs_get_no_full_graphs_on_v1_and_v2():
+    """A FULL graph replays the capture batch's per-request Python objects (the
+    talker's voices): the runner lowers cudagraph_mode before vLLM resolves it."""
+    pytest.importorskip("vllm")
+    from vllm.config import CUDAGraphMode
+
+    from core.model_state import OmniV2RunnerMixin
+
+    class Talker(OmniModel):
+        accepts_omni_kwargs = True
+
+    cases = [(Talker, CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.PIECEWISE),
+             (Talker, CUDAGraphMode.FULL, CUDAGraphMode.NONE),
+             (Talker, CUDAGraphMode.PIECEWISE, CUDAGraphMode.PIECEWISE),
+             (OmniModel, CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE)]
+    for model_cls, before, after in cases:
+        config = types.SimpleNamespace(compilation_config=types.SimpleNamespace(cudagraph_mode=before))
+        v1 = _v1_runner(model_cls())
+        v1.vllm_config = config
+        v1.load_model()
+        assert config.compilation_config.cudagraph_mode == after, (model_cls, before)
+
+        config.compilation_config.cudagraph_mode = before
+        model = model_cls()
+
+        class V2Base:
+            def load_model(self):
+                self.model_state = None
+
+            def get_model(self):
+                return model
+
+        v2 = type("V2", (OmniV2RunnerMixin, V2Base), {})()
+        v2.vllm_config = config
+        with pytest.raises(Exception, match="omni V2 runner needs"):  # the fake base builds no omni state
+            v2.load_model()
+        assert config.compilation_config.cudagraph_mode == after, ("v2", model_cls, before)
+
+
+def test_talker_mtp_is_graph_wrapped_only_when_the_engine_captures_graphs():
+    """With ``enforce_eager`` (cudagraph_mode NONE) vLLM never calls
+    ``capture_model``: a graph-wrapped MTP head would capture mid-step."""
+    pytest.importorskip("vllm")
+    from vllm.config import CUDAGraphMode
+
+    from core.hooks import OmniHooks
+
+    wrapped = []
+    backend = types.SimpleNamespace(
+        name="graphs", capabilities=lambda: types.SimpleNamespace(talker_mtp_graph=True),
+        wrap_graph=lambda fn, cfg, mode: wrapped.append(mode) or fn)
+
+    class Talker:
+        talker_mtp_graph_safe = True
+
+        def talker_mtp(self, hidden, code0):
+            return code0[:, None]
+
+    for mode, expect in ((CUDAGraphMode.NONE, "eager"), (CUDAGraphMode.PIECEWISE, "graph"),
+                         (CUDAGraphMode.FULL_AND_PIECEWISE, "graph")):
+        hooks = OmniHooks(backend)
+        hooks.bind_model(Talker(), types.SimpleNamespace(compilation_config=types.SimpleNamespace(cudagraph_mode=mode)))
+        assert hooks.mtp_mode == expect, mode
+    assert wrapped == [CUDAGraphMode.FULL, CUDAGraphMode.FULL]
