@@ -203,6 +203,14 @@ def _persistent(buf: torch.Tensor | None, value: torch.Tensor, rows: int) -> tor
 
 
 # ------------------------------------------------------------------ graph mode
+def feeds_prompt_embeds(model: Any) -> bool:
+    """True if the model's payloads may bring prompt embeddings (it has a
+    preprocess hook: ``omni_preprocess`` / vLLM-Omni's ``has_preprocess``), so
+    its forward takes ``inputs_embeds``; other models keep vLLM's
+    ``input_ids`` path, and with it the same compiled graphs as stock vLLM."""
+    return getattr(model, "omni_preprocess", None) is not None or bool(getattr(model, "has_preprocess", False))
+
+
 def takes_per_request_kwargs(model: Any) -> bool:
     """True if the model's forward reads per-request Python objects
     (``accepts_omni_kwargs``: ``runtime_additional_information``,

@@ -27,6 +27,8 @@ model forward hook                 ``core.model_io.ModelOutputAdapter``: every
 ``custom_sampler`` (wraps vLLM's)  ``process_model_output``, then after sampling
                                    ``run_talker_mtp`` (static buffers)
 ``capture_inner_cudagraphs``       talker-MTP FULL graphs, one per capture size
+                                   (or the runner's ``capture_model`` where vLLM
+                                   never calls it: 0.26)
 ``get_additional_cg_support``      no FULL graphs for models taking per-request
                                    omni kwargs (Python objects a graph would freeze)
 =================================  ============================================
@@ -164,6 +166,9 @@ class StaticTalkerMTP:
         self.hidden = torch.zeros(max_num_reqs, hidden_size, dtype=dtype, device=device)
         self.code0 = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
         self.out: Any = None
+        #: graphs captured (one per size); replays after capture
+        self.captured = 0
+        self.replays = 0
 
     def padded(self, n: int) -> int:
         """Rows the head runs on for ``n`` requests: ``n`` eager, else the next capture size."""
@@ -189,6 +194,8 @@ class StaticTalkerMTP:
             self.hidden[n:p].zero_()
             self.code0[n:p].zero_()
         self._run(p)
+        if self.captured:
+            self.replays += 1
         return self.out[:n].clone()
 
     def capture(self) -> int:
@@ -198,7 +205,32 @@ class StaticTalkerMTP:
             self.hidden[:p].zero_()
             self.code0[:p].zero_()
             self._run(p)
-        return len(self.sizes or [])
+        self.captured = len(self.sizes or [])
+        return self.captured
+
+
+def capture_talker_mtp(mtp: StaticTalkerMTP | None, backend: Any, device: Any) -> int:
+    """Capture ``mtp``'s FULL graphs once (idempotent), inside the driver's
+    graph-capture context (``Backend.graph_capture_context``: a side stream)
+    with vLLM's capture switch on (``set_cudagraph_capturing_enabled``).
+
+    Called from every place a runner captures graphs, whichever the vLLM
+    version reaches: V1 ``capture_model``; V2 ``ModelState.capture_inner_cudagraphs``
+    (vLLM >= 0.32) and the V2 runner's ``capture_model`` (0.26 never calls the
+    former). Returns the number of graphs captured now (0 when there is
+    nothing to capture or it was done already)."""
+    if mtp is None or not mtp.sizes or mtp.captured:
+        return 0
+    from vllm.compilation.monitor import set_cudagraph_capturing_enabled
+
+    set_cudagraph_capturing_enabled(True)
+    try:
+        with backend.graph_capture_context(device):
+            n = mtp.capture()
+    finally:
+        set_cudagraph_capturing_enabled(False)
+    log.info("captured %d talker-MTP graphs (sizes %s)", n, mtp.sizes)
+    return n
 
 
 def mtp_graph_context(backend: Any, vllm_config: Any, p: int) -> ContextManager[None]:
@@ -224,7 +256,7 @@ class OmniModelStateMixin:
         import torch
 
         from core.hooks import OmniHooks
-        from core.model_io import ModelOutputAdapter
+        from core.model_io import ModelOutputAdapter, feeds_prompt_embeds
         from omni_backends.registry import get_backend
 
         if getattr(vllm_config, "speculative_config", None) is not None:
@@ -240,7 +272,9 @@ class OmniModelStateMixin:
         # vLLM's runner builds inputs_embeds itself for multimodal / prompt-embeds models.
         self.runner_builds_embeds = bool(self.supports_mm_inputs or self.model_config.enable_prompt_embeds)
         self.omni_inputs_embeds = None
-        if not self.runner_builds_embeds:
+        # only a model whose payloads bring prompt embeddings reads inputs_embeds; others keep vLLM's
+        # input_ids path (the same compiled graphs as stock vLLM)
+        if not self.runner_builds_embeds and feeds_prompt_embeds(model):
             self.omni_inputs_embeds = torch.zeros(
                 self.max_num_tokens, self.inputs_embeds_size, dtype=self.dtype, device=self.device
             )
@@ -273,11 +307,7 @@ class OmniModelStateMixin:
         """Capture the talker MTP's FULL graphs (one per capture size) through
         ``Backend.graph_capture_context``; nothing in eager mode."""
         super().capture_inner_cudagraphs(input_buffers, block_tables, attn_groups, kv_cache_config)  # type: ignore[misc]
-        mtp = self.talker_mtp
-        if mtp is not None and mtp.sizes:
-            with self.backend.graph_capture_context(self.device):
-                n = mtp.capture()
-            log.info("captured %d talker-MTP graphs (sizes %s)", n, mtp.sizes)
+        capture_talker_mtp(self.talker_mtp, self.backend, self.device)
 
     def get_additional_cg_support(self) -> tuple[Any, str | None]:
         """``AttentionCGSupport.NEVER`` for a model with ``accepts_omni_kwargs``:
@@ -453,6 +483,16 @@ class OmniV2RunnerMixin:
                 "vLLM >= 0.32 does); set VLLM_USE_V2_MODEL_RUNNER=0 to run the omni hooks on V1"
             )
 
+    def capture_model(self, *args: Any, **kwargs: Any) -> int:
+        """vLLM's captures, then the talker MTP's if the state's
+        ``capture_inner_cudagraphs`` was not reached (vLLM 0.26's V2 runner
+        never calls it). Nothing for ``profile_only`` runs (vLLM >= 0.33)."""
+        n = super().capture_model(*args, **kwargs)  # type: ignore[misc]
+        state = getattr(self, "model_state", None)
+        if not kwargs.get("profile_only") and isinstance(state, OmniModelStateMixin):
+            capture_talker_mtp(state.talker_mtp, state.backend, state.device)
+        return n
+
     def sample_tokens(self, grammar_output: Any) -> Any:
         from core.model_io import omni_runner_output
 
@@ -470,6 +510,6 @@ def v2_runner_class(base: type, kind: str = AR) -> type:
 
 
 __all__ = [
-    "GENERATION", "OmniModelStateMixin", "OmniSampler", "OmniV2RunnerMixin", "StaticTalkerMTP",
+    "GENERATION", "OmniModelStateMixin", "capture_talker_mtp", "OmniSampler", "OmniV2RunnerMixin", "StaticTalkerMTP",
     "V2_SYMBOLS", "model_state_cls", "v2_runner_class",
 ]

@@ -361,3 +361,47 @@ def test_talker_mtp_is_graph_wrapped_only_when_the_engine_captures_graphs():
         hooks.bind_model(Talker(), types.SimpleNamespace(compilation_config=types.SimpleNamespace(cudagraph_mode=mode)))
         assert hooks.mtp_mode == expect, mode
     assert wrapped == [CUDAGraphMode.FULL, CUDAGraphMode.FULL]
+
+
+def test_talker_mtp_graphs_are_captured_once_whichever_seam_vllm_reaches():
+    """vLLM >= 0.32's V2 runner calls ``ModelState.capture_inner_cudagraphs``;
+    0.26's never does, so the first real decode step captured on the default
+    stream (seen on the H200). The V2 runner's ``capture_model`` captures what
+    the state did not, exactly once."""
+    pytest.importorskip("vllm")
+    import contextlib
+
+    from core.model_state import OmniModelStateMixin, OmniV2RunnerMixin, StaticTalkerMTP
+
+    calls = []
+    backend = types.SimpleNamespace(graph_capture_context=lambda device: contextlib.nullcontext())
+
+    def head(hidden, code0):
+        calls.append(hidden.shape[0])
+        return code0[:, None]
+
+    for state_captures in (False, True):  # 0.26, then >= 0.32
+        calls.clear()
+        mtp = StaticTalkerMTP(head, 4, H, torch.float32, torch.device("cpu"), sizes=[1, 2, 4])
+        state = OmniModelStateMixin.__new__(OmniModelStateMixin)
+        state.talker_mtp, state.backend, state.device = mtp, backend, torch.device("cpu")
+
+        class V2Base:
+            def capture_model(self, **kw):
+                if state_captures and not kw.get("profile_only"):
+                    from core.model_state import capture_talker_mtp
+
+                    capture_talker_mtp(state.talker_mtp, state.backend, state.device)
+                return 3
+
+        runner = type("V2", (OmniV2RunnerMixin, V2Base), {})()
+        runner.model_state = state
+        assert runner.capture_model() == 3
+        assert calls == [4, 2, 1] and mtp.captured == 3, state_captures  # once, largest first
+        mtp(torch.zeros(1, H), torch.zeros(1, dtype=torch.int64))
+        assert mtp.replays == 1
+    calls.clear()
+    mtp = StaticTalkerMTP(head, 4, H, torch.float32, torch.device("cpu"), sizes=[1, 2, 4])
+    state.talker_mtp = mtp
+    runner.capture_model(profile_only=True)  # vLLM 0.33's memory profiling pass captures nothing
+    assert calls == [] and mtp.captured == 0

@@ -691,7 +691,7 @@ def test_v2_runner_class_is_the_seam_over_the_drivers_v2_base():
     assert cls.__name__ == "OmniGenerationGPUModelRunner"
     assert v2_runner_class(GPUModelRunner, GENERATION) is cls
     overridden = {n for n in vars(OmniV2RunnerMixin) if not n.startswith("__")}
-    assert overridden == {"load_model", "sample_tokens", "omni_hooks"}  # no execute_model / _dummy_run copy
+    assert overridden == {"load_model", "capture_model", "sample_tokens", "omni_hooks"}  # no execute_model / _dummy_run copy
 
 
 # ------------------------------------------------------------ drift (static)
@@ -804,3 +804,19 @@ def test_static_mtp_under_real_graph_replay_equals_eager(graph_device):
         checked += n
     graph_device.synchronize()
     assert checked > 300 and static.out.shape == (max_reqs, 3)
+
+
+@needs_vllm
+def test_models_without_prompt_embeds_keep_vllms_input_ids_path(vllm_config):
+    """A thinker-like model (no preprocess hook) gets no omni inputs_embeds:
+    vLLM's input_ids path, the same compiled graphs as stock vLLM (a 4e-5
+    logprob gap to stock vLLM was seen on the H200 when every model took embeds)."""
+
+    class Thinker(TinyTalker):
+        omni_preprocess = None
+
+    assert make_state(vllm_config, TinyTalker()).omni_inputs_embeds is not None
+    state = make_state(vllm_config, Thinker())
+    assert state.omni_inputs_embeds is None
+    kw = state.prepare_inputs(input_batch(), add_all(state, {r: {} for r in IDS}))
+    assert "inputs_embeds" not in kw or kw["inputs_embeds"] is None
