@@ -69,10 +69,19 @@ class OmniWorkerMixin:
             ),
             "mtp_calls": dict(hooks.mtp_calls) if hooks else None,
             "mtp_mode": hooks.mtp_mode if hooks else None,
+            # talker-MTP graphs (core.model_state.StaticTalkerMTP): captured sizes and replays so far
+            "mtp_graphs": getattr(_static_mtp(runner), "captured", 0),
+            "mtp_replays": getattr(_static_mtp(runner), "replays", 0),
             "local_rank": getattr(self, "local_rank", None),
             "rank_device": self.rank_device.to_json() if getattr(self, "rank_device", None) else None,
             "dist_backend": distributed_backend_in_use(),
         }
+
+
+def _static_mtp(runner: Any) -> Any:
+    """The runner's persistent-buffer talker MTP (V1: on the runner; V2: on its model state), or None."""
+    mtp = getattr(runner, "_omni_talker_mtp", None)
+    return mtp if mtp is not None else getattr(getattr(runner, "model_state", None), "talker_mtp", None)
 
 
 @functools.lru_cache(maxsize=None)
