@@ -92,3 +92,29 @@ def driver_declarations(driver_cls: type) -> list[Declared]:
             if inherited or id(sym) in used_by_own:
                 out.setdefault(id(sym), Declared(name, sym, tuple(sorted(set(uses.get(id(sym), []))))))
     return sorted(out.values(), key=lambda d: d.symbol.defined_at)
+
+
+def runner_bases(driver_cls: type) -> list[Declared]:
+    """The base runner classes a driver binds: every ``VendorSymbol`` its
+    ``model_runner_base`` method names (read from the defining module's source,
+    first class of the MRO that defines it). ``[]`` when there is none."""
+    for klass in driver_cls.__mro__:
+        if "model_runner_base" not in vars(klass):
+            continue
+        module = inspect.getmodule(klass)
+        try:
+            tree = ast.parse(inspect.getsource(module))
+        except (OSError, TypeError, SyntaxError):
+            return []
+        out: list[Declared] = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name == klass.__name__:
+                for fn in node.body:
+                    if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name == "model_runner_base":
+                        for n in ast.walk(fn):
+                            value = getattr(module, n.id, None) if isinstance(n, ast.Name) else None
+                            if isinstance(value, VendorSymbol) and all(d.symbol is not value for d in out):
+                                out.append(Declared(n.id, value, (f"{_relpath(inspect.getsourcefile(module) or '')}:"
+                                                                  f"{n.lineno}",)))
+        return out
+    return []

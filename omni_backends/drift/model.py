@@ -63,6 +63,8 @@ class DriverReport:
     symbols: int
     checked: int
     findings: list[Finding]
+    #: every declaration with its status, clean ones too (see ``check_declarations``).
+    statuses: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def drift(self) -> list[Finding]:
@@ -75,6 +77,7 @@ class DriverReport:
             "checked": self.checked,
             "drift": len(self.drift),
             "findings": [f.to_json() for f in self.findings],
+            "checked_symbols": list(self.statuses),
         }
 
 

@@ -63,12 +63,18 @@ def _same_default(got: str, expected: str) -> bool:
 
 
 def check_declarations(driver: str, declared: Iterable[Declared], resolver: Any) -> DriverReport:
-    """Resolve every declaration with ``resolver`` (:class:`InstalledResolver` / :class:`SourceResolver`)."""
+    """Resolve every declaration with ``resolver`` (:class:`InstalledResolver` / :class:`SourceResolver`).
+
+    The report's ``statuses`` lists every declaration with its status
+    (``clean``, ``drift``, ``not-checked``, ``unverifiable``, ``note``) and
+    the vendor ``file:line`` where it was found, so two reports can be diffed."""
     findings: list[Finding] = []
+    statuses: list[dict[str, Any]] = []
     checked = 0
     declared = list(declared)
     for d in declared:
         sym = d.symbol
+        first = len(findings)
 
         def add(kind: str, message: str, vendor_at: str | None = None, d: Declared = d) -> None:
             findings.append(
@@ -76,21 +82,29 @@ def check_declarations(driver: str, declared: Iterable[Declared], resolver: Any)
                         list(d.used_at), vendor_at)
             )
 
+        where: str | None = None
         try:
             where, params, _what = resolver.resolve(sym)
         except _Missing as exc:
             checked += 1
             add(exc.kind, str(exc), exc.where)
-            continue
+            params = None
         except _Unverifiable as exc:
             kind = "not-checked" if "not in the given sources" in str(exc) or "not installed" in str(exc) else "unverifiable"
             add(kind, str(exc))
-            continue
-        checked += 1
-        if params is not None:
-            for kind, message in compare_signature(sym, params):
-                add(kind, message, where)
-    return DriverReport(driver, len(declared), checked, findings)
+            params = None
+        else:
+            checked += 1
+            if params is not None:
+                for kind, message in compare_signature(sym, params):
+                    add(kind, message, where)
+        mine = findings[first:]
+        status = ("drift" if any(f.drift for f in mine) else mine[0].kind if mine and len(mine) == 1
+                  and mine[0].kind in ("not-checked", "unverifiable") else "note" if mine else "clean")
+        statuses.append({"symbol": d.name, "target": sym.qualname, "status": status,
+                         "kinds": [f.kind for f in mine], "declared_at": _rel_defined_at(sym.defined_at),
+                         "vendor_at": where or next((f.vendor_at for f in mine if f.vendor_at), None)})
+    return DriverReport(driver, len(declared), checked, findings, statuses)
 
 
 # ------------------------------------------------- vendor's own import drift
