@@ -340,8 +340,9 @@ class _Checker:
                         out += self._returned_classes(parent, depth + 1)
                     continue
                 dotted = _dotted(f)
-                if not dotted or dotted.startswith("self."):
-                    continue
+                parts = (dotted or "").split(".")
+                if not dotted or parts[0] == "self" or not any(p[:1].isupper() for p in parts[-2:]):
+                    continue  # a method or function call (copy(...), out.get_output()), not a class
                 cls = self.chain._class_named(m.owner, dotted)
                 if cls is None and "." in dotted:  # Class.factory(...)
                     cls = self.chain._class_named(m.owner, dotted.rpartition(".")[0])
