@@ -24,14 +24,27 @@ extension base class).
 :func:`vendor_import_drift` checks a *vendor's own* source (vllm-ascend)
 against the upstream vLLM it is meant to run on: every ``from vllm... import
 name`` is resolved in the upstream tree.
+
+:func:`~omni_backends.drift.seams.check_seams` resolves a seam contract
+(:class:`~omni_backends.binding.SeamContract`; the core's is ``core.seams``,
+registered under the entry point group ``omni_backends.seam_contracts``)
+against the base runner chain each driver binds: seams and their parameters,
+call edges, model calls and their coverage, the async output type and how the
+executors recognise it, V2 model-state facts (``docs/drift.md``).
+
+Modules: ``model`` (findings, reports), ``sources`` (source trees and AST
+resolution), ``installed`` (import + inspect), ``declarations`` (what a driver
+binds), ``symbols`` (signature comparison, vendor imports), ``chain`` (a
+class chain's dispatch and call reach), ``seams`` (the seam check), ``cli``.
 """
 
 from __future__ import annotations
 
-from omni_backends.drift.cli import add_command, render_text, run_check
+from omni_backends.drift.cli import add_command, load_contracts, render_text, run_check
 from omni_backends.drift.declarations import driver_declarations
 from omni_backends.drift.installed import InstalledResolver
 from omni_backends.drift.model import DRIFT_KINDS, NOTE_KINDS, Declared, DriverReport, Finding, Param
+from omni_backends.drift.seams import SEAM_DRIFT_KINDS, SeamFact, check_seams
 from omni_backends.drift.sources import SourceResolver, SourceTree
 from omni_backends.drift.symbols import check_declarations, compare_signature, vendor_import_drift
 
@@ -43,12 +56,16 @@ __all__ = [
     "NOTE_KINDS",
     "InstalledResolver",
     "Param",
+    "SEAM_DRIFT_KINDS",
+    "SeamFact",
     "SourceResolver",
     "SourceTree",
     "add_command",
     "check_declarations",
+    "check_seams",
     "compare_signature",
     "driver_declarations",
+    "load_contracts",
     "render_text",
     "run_check",
     "vendor_import_drift",

@@ -162,6 +162,9 @@ def render_text(report: dict[str, Any]) -> str:
         for f in sorted(v["findings"], key=lambda f: (not f["drift"], f["declared_at"])):
             tag = f["kind"] if f["drift"] else f"note: {f['kind']}"
             lines.append(f"  [{tag}] {f['target']}: {f['message']}  at {f['declared_at']}")
+    if "contracts" in report and not report["contracts"]:
+        lines.append(f"\nseams: not checked (no seam contract: none registered under {CONTRACTS_GROUP}, or "
+                     "--no-seams; the core registers core.seams:CONTRACT)")
     lines.append("")
     lines.append("result: " + ("DRIFT (exit 1)" if report["drift"] else "no drift"))
     return "\n".join(lines)

@@ -163,6 +163,7 @@ class _Checker:
 
     def add(self, fact: str, seam: str, status: str, kind: str, expected: str, found: str,
             ours: str | None = None, vendor: str | None = None) -> None:
+        assert status != "drift" or kind in SEAM_DRIFT_KINDS, kind
         self.facts.append(SeamFact(self.runner, self.chain.leaf.qualname, fact, seam, status, kind, expected, found,
                                    ours, vendor))
 
