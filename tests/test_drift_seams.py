@@ -35,7 +35,7 @@ from omni_backends.binding import (
     VendorSymbol,
 )
 from omni_backends.drift import SourceResolver, SourceTree
-from omni_backends.drift.seams import check_seams
+from omni_backends.drift.seams import check_seams, check_worker_seams
 
 V1_MOD, V2_MOD = "vllm/v1/worker/gpu_model_runner.py", "vllm/v1/worker/gpu/model_runner.py"
 
@@ -121,6 +121,18 @@ VLLM = {
                 for n in (1, 2):
                     self._dummy_run(n)
                 return 0
+        ''',
+    "vllm/v1/worker/gpu_worker.py": '''
+        class Worker:
+            def __init__(self, vllm_config, local_rank, rank, distributed_init_method, is_driver_worker=False):
+                self.model_runner = None
+
+            def compile_or_warm_up_model(self):
+                for size in (4, 2):
+                    self._warm(size)
+
+            def _warm(self, size):
+                self.model_runner._dummy_run(size)
         ''',
     "vllm/v1/worker/gpu/__init__.py": "",
     "vllm/v1/worker/gpu/async_utils.py": '''
@@ -268,6 +280,7 @@ def _contract(root: Path, *, coverage: ModelCallCoverage | None = None, recognis
         model_calls=coverage or ModelCallCoverage(in_methods=("_model_forward",), by="Mixin._model_forward",
                                                   ours="ours/runner.py:Mixin._model_forward"),
         async_output=async_out,
+        worker_edges=(CallEdge("compile_or_warm_up_model", "_dummy_run", relied_on=False),),
     )
     v2 = V2RunnerContract(
         runner_seams=(Seam("load_model"), Seam("sample_tokens", params=("grammar_output",), required=("grammar_output",))),
@@ -342,6 +355,23 @@ def test_unchanged_miniature_is_clean_and_every_fact_is_listed(tmp_path):
     assert v2_facts[("model-state", "init_model_state consults get_model_state_cls")].status == "clean"
     assert v2_facts[("model-state", "runner calls model_state.remove_request")].status == "clean"
     assert v2_facts[("model-state", "abstract prepare_attn")].status == "clean"  # DefaultModelState implements it
+
+
+def test_the_worker_warm_up_reaching_the_runners_dummy_run_is_reported(tmp_path):
+    """``compile_or_warm_up_model`` -> ``self.model_runner._dummy_run`` (through a helper), on the
+    worker class; a worker whose warm-up no longer reaches it is a note (not relied on)."""
+    worker = VendorSymbol("vllm.v1.worker.gpu_worker", "Worker", kind="class")
+    ours = _write(tmp_path / "ours_root", ROOT_OURS)
+    tree = _tree(tmp_path)
+    facts = check_worker_seams(_contract(ours), worker, SourceResolver([SourceTree(str(tree))]))
+    edge = {f.seam: f for f in facts}["compile_or_warm_up_model -> _dummy_run"]
+    assert edge.status == "clean" and edge.found == "Worker.compile_or_warm_up_model -> Worker._warm -> _dummy_run"
+    w = "vllm/v1/worker/gpu_worker.py"
+    assert edge.vendor == f"{w}:{_line(tree, w, 'self.model_runner._dummy_run(size)')}"
+    tree2 = _tree(tmp_path / "b", {w: ("self.model_runner._dummy_run(size)", "pass")})
+    facts = check_worker_seams(_contract(ours), worker, SourceResolver([SourceTree(str(tree2))]))
+    edge = {f.seam: f for f in facts}["compile_or_warm_up_model -> _dummy_run"]
+    assert (edge.status, edge.kind) == ("note", "no-edge")
 
 
 def test_execute_model_no_longer_calling_preprocess_is_a_missing_call_edge(tmp_path):
@@ -497,7 +527,8 @@ def test_cli_checks_the_cuda_driver_bases_in_a_source_tree_with_a_contract_modul
     (cuda,) = report["drivers"]
     bases = {(f["base"], f["runner"]) for f in cuda["seams"]}
     assert bases == {("vllm.v1.worker.gpu_model_runner.GPUModelRunner", "v1"),
-                     ("vllm.v1.worker.gpu.model_runner.GPUModelRunner", "v2")}
+                     ("vllm.v1.worker.gpu.model_runner.GPUModelRunner", "v2"),
+                     ("vllm.v1.worker.gpu_worker.Worker", "worker")}
     drift = [f for f in cuda["seams"] if f["status"] == "drift"]
     assert [(f["kind"], f["vendor"]) for f in drift] == [
         ("uncovered-model-call", f"{V1_MOD}:{_line(tree, V1_MOD, 'return self.model(None, None)')}")]

@@ -154,17 +154,22 @@ class ClassChain:
                 return None
         return ClassChain.of(self.resolver, cls).method(name)
 
-    def targets(self, m: _Method) -> Iterator[tuple[str, _Method | None, int]]:
+    def targets(self, m: _Method, via: str | None = None) -> Iterator[tuple[str, _Method | None, int]]:
         """(name, resolved method or None, line) for every ``self.name`` use, ``super().name(`` and
-        ``Base.name(self`` in ``m``."""
+        ``Base.name(self`` in ``m``; with ``via`` also ``self.<via>.name`` (e.g. a worker's
+        ``self.model_runner._dummy_run``: resolved to None, it is another object's method)."""
         for node in ast.walk(m.node):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
                 yield node.attr, self.method(node.attr), node.lineno
+            elif (via and isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                  and node.value.attr == via and isinstance(node.value.value, ast.Name) and node.value.value.id == "self"):
+                yield node.attr, None, node.lineno
         for t, line in self._explicit_targets(m):
             yield t.name, t, line
 
-    def reach(self, caller: str, callee: str) -> tuple[list[str], str] | None:
-        """Path (method labels) and ``file:line`` where ``caller`` reaches ``callee``, or None."""
+    def reach(self, caller: str, callee: str, via: str | None = None) -> tuple[list[str], str] | None:
+        """Path (method labels) and ``file:line`` where ``caller`` reaches ``callee``, or None
+        (``via``: see :meth:`targets`)."""
         start = self.method(caller)
         if start is None:
             return None
@@ -172,7 +177,7 @@ class ClassChain:
         seen = {id(start.node)}
         while queue:
             m, path = queue.popleft()
-            for name, target, line in self.targets(m):
+            for name, target, line in self.targets(m, via):
                 if name == callee:
                     return path + [callee], m.at(_Line(line))
                 if target is not None and id(target.node) not in seen and len(path) < _MAX_DEPTH:

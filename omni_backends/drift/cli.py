@@ -14,7 +14,7 @@ from omni_backends.binding import SeamContract
 from omni_backends.drift.declarations import driver_declarations, runner_bases
 from omni_backends.drift.installed import InstalledResolver
 from omni_backends.drift.sources import SourceResolver, SourceTree
-from omni_backends.drift.seams import SeamFact, check_seams
+from omni_backends.drift.seams import SeamFact, check_seams, check_worker_seams
 from omni_backends.drift.symbols import check_declarations, vendor_import_drift
 
 
@@ -83,11 +83,14 @@ def installed_sources(tops: set[str]) -> SourceResolver:
 
 
 def check_driver_seams(driver_cls: type, contracts: list[SeamContract], resolver: SourceResolver) -> list[SeamFact]:
-    """Every contract's facts about every base runner the driver binds (:func:`runner_bases`)."""
+    """Every contract's facts about every base runner (and worker) the driver binds (:func:`runner_bases`)."""
     facts: list[SeamFact] = []
     for base in runner_bases(driver_cls):
         for contract in contracts:
             facts += check_seams(contract, base.symbol, resolver)
+    for worker in runner_bases(driver_cls, "worker_base"):
+        for contract in contracts:
+            facts += check_worker_seams(contract, worker.symbol, resolver)
     return facts
 
 
@@ -106,7 +109,8 @@ def run_check(drivers: list[str] | None = None, sources: list[str] | None = None
     seam_resolver = None
     if contracts:
         seam_resolver = resolver if sources else installed_sources(
-            {"vllm"} | {d.symbol.module.split(".")[0] for cls in classes.values() for d in runner_bases(cls)})
+            {"vllm"} | {d.symbol.module.split(".")[0] for cls in classes.values()
+                        for m in ("model_runner_base", "worker_base") for d in runner_bases(cls, m)})
     seams = {n: check_driver_seams(cls, contracts, seam_resolver) if contracts else [] for n, cls in classes.items()}
     versions: dict[str, str | None] = {}
     if sources:

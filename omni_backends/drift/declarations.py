@@ -94,12 +94,13 @@ def driver_declarations(driver_cls: type) -> list[Declared]:
     return sorted(out.values(), key=lambda d: d.symbol.defined_at)
 
 
-def runner_bases(driver_cls: type) -> list[Declared]:
+def runner_bases(driver_cls: type, method: str = "model_runner_base") -> list[Declared]:
     """The base runner classes a driver binds: every ``VendorSymbol`` its
-    ``model_runner_base`` method names (read from the defining module's source,
-    first class of the MRO that defines it). ``[]`` when there is none."""
+    ``model_runner_base`` method (or ``method``, e.g. ``worker_base``) names,
+    read from the defining module's source (first class of the MRO that
+    defines it). ``[]`` when there is none."""
     for klass in driver_cls.__mro__:
-        if "model_runner_base" not in vars(klass):
+        if method not in vars(klass):
             continue
         module = inspect.getmodule(klass)
         try:
@@ -110,7 +111,7 @@ def runner_bases(driver_cls: type) -> list[Declared]:
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef) and node.name == klass.__name__:
                 for fn in node.body:
-                    if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name == "model_runner_base":
+                    if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name == method:
                         for n in ast.walk(fn):
                             value = getattr(module, n.id, None) if isinstance(n, ast.Name) else None
                             if isinstance(value, VendorSymbol) and all(d.symbol is not value for d in out):

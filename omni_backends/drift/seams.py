@@ -192,7 +192,7 @@ class _Checker:
         return m
 
     # -- call edges
-    def edges(self, edges: tuple) -> None:
+    def edges(self, edges: tuple, via: str | None = None) -> None:
         for e in edges:
             ours = _declared(e)
             caller = self.chain.method(e.caller)
@@ -203,7 +203,7 @@ class _Checker:
                          f"{e.caller} reaches {e.callee}", f"{e.caller} is not defined in the chain", ours,
                          self.chain.leaf.at())
                 continue
-            got = self.chain.reach(e.caller, e.callee)
+            got = self.chain.reach(e.caller, e.callee, via)
             if got is None:
                 self.add("call-edge", seam, "drift" if e.relied_on else "note",
                          "missing-call-edge" if e.relied_on else "no-edge",
@@ -565,4 +565,26 @@ def check_seams(contract: SeamContract, base: VendorSymbol, resolver: SourceReso
     return facts
 
 
-__all__ = ["ENTRY_POINTS", "MODEL_CALL_FORMS", "SEAM_DRIFT_KINDS", "ClassChain", "SeamFact", "check_seams"]
+def check_worker_seams(contract: SeamContract, worker: VendorSymbol, resolver: SourceResolver) -> list[SeamFact]:
+    """The contract's ``worker_edges`` (V1 part) on a driver's worker class chain: which
+    worker methods reach the model runner's methods (``self.model_runner.<name>``), e.g.
+    warm-up -> ``_dummy_run``. Facts with ``runner="worker"``."""
+    edges = contract.v1.worker_edges if contract.v1 is not None else ()
+    if not edges:
+        return []
+    try:
+        chain = ClassChain(resolver, worker.module, worker.attr)
+    except _Unverifiable as exc:
+        return [SeamFact("worker", worker.qualname, "chain", worker.qualname, "note", "not-checked", "in the sources",
+                         str(exc), _declared(worker))]
+    except _Missing as exc:
+        return [SeamFact("worker", worker.qualname, "chain", worker.qualname, "drift", "missing-base", "exists",
+                         str(exc), _declared(worker), exc.where)]
+    ck = _Checker(contract, resolver, "worker", chain)
+    ck.add("chain", "worker chain", "clean", "ok", "a worker", " <- ".join(c.qualname for c in chain.classes),
+           _declared(worker), chain.leaf.at())
+    ck.edges(edges, via="model_runner")
+    return ck.facts
+
+
+__all__ = ["ENTRY_POINTS", "MODEL_CALL_FORMS", "SEAM_DRIFT_KINDS", "ClassChain", "SeamFact", "check_seams", "check_worker_seams"]
