@@ -216,4 +216,4 @@ def test_check_drift_cli_on_the_npu_driver_with_its_vendor_sources(capsys):
     assert rc == 1 and npu["drift"] == 0  # the bindings are clean; the V2 seams are not
     kinds = {f["kind"] for f in npu["seams"] if f["status"] == "drift"}
     assert "model-state-replaced" in kinds
-    assert {f["runner"] for f in npu["seams"]} == {"v1", "v2"}
+    assert {f["runner"] for f in npu["seams"]} == {"v1", "v2", "worker"}
