@@ -105,13 +105,17 @@ V2_STATE_SEAMS = (
     Seam("prepare_dummy_inputs", params=("num_reqs", "num_tokens"), required=("num_reqs", "num_tokens"),
          ours=_MS + "prepare_dummy_inputs"),
     Seam("custom_sampler", params=("sampler",), required=("sampler",), ours=_MS + "custom_sampler"),
+    # where vLLM never calls these two (0.26), the runner mixin does their work: talker-MTP graphs in
+    # capture_model, the FULL-graph opt-out (limit_cudagraph_mode) in load_model
     Seam("capture_inner_cudagraphs", params=("input_buffers", "block_tables", "attn_groups", "kv_cache_config"),
          required=("input_buffers", "block_tables", "attn_groups", "kv_cache_config"),
-         ours=_MS + "capture_inner_cudagraphs"),
-    Seam("get_additional_cg_support", required=(), ours=_MS + "get_additional_cg_support"),
+         ours=_MS + "capture_inner_cudagraphs", fallback="core/model_state.py:OmniV2RunnerMixin.capture_model"),
+    Seam("get_additional_cg_support", required=(), ours=_MS + "get_additional_cg_support",
+         fallback="core/model_state.py:OmniV2RunnerMixin.load_model"),
 )
 V2_RUNNER_SEAMS = (
     Seam("load_model", ours="core/model_state.py:OmniV2RunnerMixin.load_model"),
+    Seam("capture_model", ours="core/model_state.py:OmniV2RunnerMixin.capture_model"),  # (*args, **kwargs)
     Seam("sample_tokens", params=("grammar_output",), required=("grammar_output",),
          ours="core/model_state.py:OmniV2RunnerMixin.sample_tokens"),
 )

@@ -120,12 +120,16 @@ class Seam:
       the override passes ``*args, **kwargs`` through, only existence matters).
     - ``ours``: where the core implements it, ``"path/to/file.py:Class.method"``
       relative to the contract's ``root`` (read with ``ast``, never imported).
+    - ``fallback``: (V2 state seams) where the core does the seam's work when
+      the runner never calls it (``"file.py:Qualname"``); a seam the runner
+      lacks or never calls is then a note, not drift.
     """
 
     name: str
     params: tuple[str, ...] = ()
     required: tuple[str, ...] | None = None
     ours: str = ""
+    fallback: str = ""
     defined_at: str = dataclasses.field(default="", compare=False)
 
     def __post_init__(self) -> None:

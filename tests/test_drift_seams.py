@@ -493,6 +493,22 @@ def test_a_v2_state_method_the_omni_state_overrides_that_the_runner_never_calls(
     assert "the override never runs" in f.found
 
 
+def test_a_never_called_state_override_with_a_core_fallback_is_a_note(tmp_path):
+    """The core may do a state seam's work elsewhere where the runner never calls it (vLLM 0.26's
+    V2 runner and ``capture_inner_cudagraphs``): ``Seam(fallback=...)`` makes it a note naming the fallback."""
+    tree = _tree(tmp_path, {V2_MOD: ("self.model_state.remove_request(r)", "pass")})
+    ours = _write(tmp_path / "ours_root", ROOT_OURS)
+    contract = _contract(ours)
+    seams = tuple(dataclasses.replace(s, fallback="ours/runner.py:Mixin._preprocess") if s.name == "remove_request"
+                  else s for s in contract.v2.state_seams)
+    contract = dataclasses.replace(contract, v2=dataclasses.replace(contract.v2, state_seams=seams))
+    facts = check_seams(contract, V2_BASE, SourceResolver([SourceTree(str(tree))]))
+    assert _drift(facts) == []
+    (f,) = [f for f in facts if f.seam == "runner calls model_state.remove_request"]
+    assert (f.status, f.kind) == ("note", "state-override-never-called-fallback")
+    assert f.found.endswith("the core falls back to Mixin._preprocess (ours/runner.py:2)")
+
+
 def test_a_v2_abstract_state_method_nobody_implements(tmp_path):
     ms = "vllm/v1/worker/gpu/model_states/interface.py"
     tree = _tree(tmp_path, {ms: ("    def custom_sampler(self, sampler):\n        return None\n",
@@ -568,7 +584,8 @@ def test_the_core_contract_points_at_the_core_code():
     from core.seams import CONTRACT
     from omni_backends.drift.seams import _ours
 
-    refs = [s.ours for s in CONTRACT.v1.seams + CONTRACT.v2.runner_seams + CONTRACT.v2.state_seams]
+    seams = CONTRACT.v1.seams + CONTRACT.v2.runner_seams + CONTRACT.v2.state_seams
+    refs = [s.ours for s in seams] + [s.fallback for s in seams if s.fallback]
     refs += [CONTRACT.v1.model_calls.ours, CONTRACT.v1.async_output.ours, CONTRACT.v2.model_calls.ours]
     for ref in refs:
         got = _ours(CONTRACT, ref)

@@ -164,12 +164,17 @@ def test_the_core_contract_on_vllm_0_33_v1_and_v2_is_clean():
 
 def test_vllm_0_26_v2_never_calls_three_state_overrides():
     """vLLM 0.26.0's V2 runner consults get_model_state_cls but never calls
-    prepare_inputs_embeds, capture_inner_cudagraphs or get_additional_cg_support."""
+    prepare_inputs_embeds, capture_inner_cudagraphs or get_additional_cg_support; the core
+    falls back for the latter two (capture_model, load_model), not for prepare_inputs_embeds."""
     facts = check_seams(_contract(), V2_GPU, _resolver("vllm-0.26.0"))
     never = {s for k, s in _drift_kinds(facts) if k == "state-override-never-called"}
-    assert never == {f"runner calls model_state.{n}" for n in
-                     ("prepare_inputs_embeds", "capture_inner_cudagraphs", "get_additional_cg_support")}
-    assert _by(facts)[("model-state", "init_model_state consults get_model_state_cls")].status == "clean"
+    assert never == {"runner calls model_state.prepare_inputs_embeds"}
+    by = _by(facts)
+    for name, fallback in (("capture_inner_cudagraphs", "OmniV2RunnerMixin.capture_model"),
+                           ("get_additional_cg_support", "OmniV2RunnerMixin.load_model")):
+        f = by[("model-state", f"runner calls model_state.{name}")]
+        assert f.kind == "state-override-never-called-fallback" and fallback in f.found
+    assert by[("model-state", "init_model_state consults get_model_state_cls")].status == "clean"
 
 
 def test_vllm_ascend_v2_never_consults_get_model_state_cls():

@@ -425,6 +425,7 @@ class _Checker:
             return
         called = self._state_calls()
         for s in v2.state_seams:
+            first = len(self.facts)
             self.seam(s, state_chain, fact="model-state")
             sites = called.get(s.name, [])
             ours = _ours(self.contract, s.ours) or _declared(s)
@@ -439,6 +440,12 @@ class _Checker:
                          f"the runner calls model_state.{s.name}() (the omni state overrides it)",
                          f"no call of model_state.{s.name}( in {', '.join(sorted(self._state_call_dirs()))}: the "
                          "override never runs", ours, self.chain.leaf.at())
+            if s.fallback and not sites:  # the core does the seam's work elsewhere when the runner never calls it
+                where = _ours(self.contract, s.fallback)
+                for f in self.facts[first:]:
+                    if f.status == "drift" and f.kind in ("missing-seam", "state-override-never-called"):
+                        f.status, f.kind = "note", f"{f.kind}-fallback"
+                        f.found += f"; the core falls back to {s.fallback.partition(':')[2]} ({where})"
         # abstract methods of the interface
         try:
             iface = ClassChain(self.resolver, v2.state_interface.module, v2.state_interface.attr)
