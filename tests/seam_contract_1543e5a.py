@@ -1,7 +1,8 @@
 """The core's seam contract as the code was at commit 1543e5a (before issue 14's fix).
 
-Two differences from :data:`core.seams.CONTRACT`, both read from ``core/runner.py``
-at 1543e5a: the V1 mixin saw the model's output only inside ``_model_forward``
+The differences from :data:`core.seams.CONTRACT`, read from ``core/runner.py`` and
+``core/model_state.py`` at 1543e5a (besides: the V2 runner mixin had no ``capture_model``
+and no fallback for state seams the runner never calls): the V1 mixin saw the model's output only inside ``_model_forward``
 (``OmniV1RunnerMixin._model_forward`` unwrapped the ``OmniOutput``; the base
 runner's other calls of the model got the ``OmniOutput``), and the V1 and V2
 async wrapper ``_OmniAsyncOutput`` was a plain class with ``get_output``
@@ -28,8 +29,12 @@ MODEL_CALLS = ModelCallCoverage(in_methods=("_model_forward",), by="OmniV1Runner
 ASYNC_OUTPUT = dataclasses.replace(NOW.v1.async_output, recognised_by="get_output", implements=("get_output",),
                                    ours="core/runner.py:OmniV1RunnerMixin.sample_tokens")
 
+#: at 1543e5a the V2 runner mixin had no ``capture_model`` and no fallback for state seams vLLM never calls.
+RUNNER_SEAMS = tuple(s for s in NOW.v2.runner_seams if s.name != "capture_model")
+STATE_SEAMS = tuple(dataclasses.replace(s, fallback="") for s in NOW.v2.state_seams)
+
 CONTRACT = dataclasses.replace(
     NOW, name="core@1543e5a",
     v1=dataclasses.replace(NOW.v1, model_calls=MODEL_CALLS, async_output=ASYNC_OUTPUT),
-    v2=dataclasses.replace(NOW.v2, async_output=ASYNC_OUTPUT),
+    v2=dataclasses.replace(NOW.v2, async_output=ASYNC_OUTPUT, runner_seams=RUNNER_SEAMS, state_seams=STATE_SEAMS),
 )
