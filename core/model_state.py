@@ -45,6 +45,8 @@ hidden states and per-token multimodal outputs ``[max_num_tokens, ...]``
 ``[max_num_reqs]`` int64 and output ``[max_num_reqs, K-1]`` int64
 (:class:`StaticTalkerMTP`).
 
+What the state and runner seams rely on is declared in :mod:`core.seams`.
+
 Not supported on V2 (a clear error, or documented in ``docs/v2.md``):
 speculative decoding, batch-sharded sampling, prefill context parallelism.
 """

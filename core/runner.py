@@ -20,6 +20,7 @@ upstream seam               omni hook
 ==========================  ==============================================
 
 No body of ``execute_model``, ``_dummy_run`` or ``sample_tokens`` is copied.
+What these seams rely on in the base runner is declared in :mod:`core.seams`.
 """
 
 from __future__ import annotations

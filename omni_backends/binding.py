@@ -90,3 +90,173 @@ def declared_symbols(module: Any) -> Iterator[tuple[str, VendorSymbol]]:
     for name, value in vars(module).items():
         if isinstance(value, VendorSymbol):
             yield name, value
+
+
+# --------------------------------------------------------------- seam contracts
+# What the omni core relies on in a base runner's *behaviour*, beyond the
+# symbols it binds: which methods it overrides (and their parameters), which
+# calls vLLM makes between them, where the model is called, how an async output
+# is recognised, how V2 builds the model state. Declared as data next to the
+# code that relies on it (``core/seams.py``) and checked statically against
+# each driver's base runner chain by ``omni-backends check-drift``
+# (``omni_backends.drift.seams``). This module only holds the shapes.
+
+#: the forms of a model call check-drift finds in a base runner (source text patterns).
+MODEL_CALL_FORMS = ("self.model(", "partial(self.model", "model(", ".forward(")
+
+
+def _caller_line(depth: int = 3) -> str:
+    frame = sys._getframe(depth)
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Seam:
+    """A base-runner (or base model-state) method the core overrides and calls through ``super()``.
+
+    - ``name``: the method name (``"_preprocess"``).
+    - ``params`` / ``required``: as :class:`VendorSymbol` (parameters the core
+      passes or reads, by name; the ones it always fills; ``required=None``:
+      the override passes ``*args, **kwargs`` through, only existence matters).
+    - ``ours``: where the core implements it, ``"path/to/file.py:Class.method"``
+      relative to the contract's ``root`` (read with ``ast``, never imported).
+    - ``fallback``: (V2 state seams) where the core does the seam's work when
+      the runner never calls it (``"file.py:Qualname"``); a seam the runner
+      lacks or never calls is then a note, not drift.
+    """
+
+    name: str
+    params: tuple[str, ...] = ()
+    required: tuple[str, ...] | None = None
+    ours: str = ""
+    fallback: str = ""
+    defined_at: str = dataclasses.field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.defined_at:
+            object.__setattr__(self, "defined_at", _caller_line())
+
+
+@dataclasses.dataclass(frozen=True)
+class CallEdge:
+    """``caller`` reaches ``callee`` in the base runner (``self.callee``, ``super().callee``,
+    ``Base.callee(self, ...)``, directly or through other methods of the chain).
+
+    ``relied_on=True``: the core's hooks need it (a missing edge is drift);
+    ``False``: a fact reported for the matrix (e.g. ``profile_run`` ->
+    ``_dummy_run``, which calls the model outside ``_model_forward``)."""
+
+    caller: str
+    callee: str
+    relied_on: bool = True
+    why: str = ""
+    defined_at: str = dataclasses.field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.defined_at:
+            object.__setattr__(self, "defined_at", _caller_line())
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCallCoverage:
+    """Which of the base runner's model calls the core sees (turns an omni output into hidden states).
+
+    A call is covered when it lies inside one of ``in_methods`` (a seam that
+    wraps it, e.g. ``_model_forward``) or its form is one of ``forms`` (a
+    subset of :data:`MODEL_CALL_FORMS`; covered wherever it occurs, e.g. by an
+    adapter on the model instance). ``by`` says what covers them; ``ours``
+    where (``file.py:Qualname``)."""
+
+    in_methods: tuple[str, ...] = ()
+    forms: tuple[str, ...] = ()
+    by: str = ""
+    ours: str = ""
+    defined_at: str = dataclasses.field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        bad = [f for f in self.forms if f not in MODEL_CALL_FORMS]
+        if bad:
+            raise ValueError(f"ModelCallCoverage forms must be among {MODEL_CALL_FORMS}, got {bad}")
+        if not self.defined_at:
+            object.__setattr__(self, "defined_at", _caller_line())
+
+
+@dataclasses.dataclass(frozen=True)
+class AsyncOutputContract:
+    """How the core hands an async step output back, and what it assumes the executor does with it.
+
+    - ``base``: the class the executor's ``isinstance`` recognises
+      (``VendorSymbol("vllm.v1.outputs", "AsyncModelRunnerOutput", kind="class")``).
+    - ``executors``: modules whose ``isinstance(x, base)`` calls are listed.
+    - ``recognised_by``: what the core's wrapper relies on: ``"isinstance"``
+      (it subclasses ``base``) or ``"get_output"`` (duck typing: any object
+      with ``get_output``; drift wherever an executor uses ``isinstance``).
+    - ``implements``: the abstract methods of ``base`` the wrapper implements;
+      ``None`` = every abstract method of the version it runs on (delegated).
+    - ``ours``: the wrapper, ``file.py:Qualname``.
+    """
+
+    base: VendorSymbol
+    executors: tuple[str, ...] = ()
+    recognised_by: str = "isinstance"
+    implements: tuple[str, ...] | None = None
+    ours: str = ""
+    defined_at: str = dataclasses.field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if self.recognised_by not in ("isinstance", "get_output"):
+            raise ValueError(f"recognised_by must be 'isinstance' or 'get_output', got {self.recognised_by!r}")
+        if not self.defined_at:
+            object.__setattr__(self, "defined_at", _caller_line())
+
+
+@dataclasses.dataclass(frozen=True)
+class V1RunnerContract:
+    """What the core's V1 mixin relies on in a V1 ``GPUModelRunner`` chain."""
+
+    seams: tuple[Seam, ...]
+    edges: tuple[CallEdge, ...]
+    model_calls: ModelCallCoverage
+    async_output: AsyncOutputContract
+    #: a class in the chain that marks it as V1 (``("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")``).
+    marker: tuple[str, str] = ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")
+    #: edges from the driver's *worker* into its model runner (``self.model_runner.<callee>``),
+    #: e.g. warm-up -> ``_dummy_run``; checked on the class ``worker_base`` returns.
+    worker_edges: tuple[CallEdge, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class V2RunnerContract:
+    """What the core's V2 model state and runner mixin rely on in a V2 runner chain.
+
+    - ``init_function`` / ``state_hook``: the runner builds its model state with
+      ``init_function(...)``, which must consult the model's ``state_hook``
+      (``get_model_state_cls``); a vendor that reassigns ``init_function`` at
+      module level must consult it too.
+    - ``state_base``: the class the omni state subclasses; ``state_interface``:
+      the abstract base whose abstract methods must all be implemented.
+    - ``state_seams``: the state methods the omni state overrides; each must be
+      called by the runner (``….model_state.<name>(``), else the hook never runs.
+    - ``runner_seams``: runner methods the V2 mixin overrides.
+    """
+
+    runner_seams: tuple[Seam, ...]
+    state_seams: tuple[Seam, ...]
+    model_calls: ModelCallCoverage
+    async_output: AsyncOutputContract
+    state_base: VendorSymbol
+    state_interface: VendorSymbol
+    init_function: str = "init_model_state"
+    state_hook: str = "get_model_state_cls"
+    marker: tuple[str, str] = ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner")
+
+
+@dataclasses.dataclass(frozen=True)
+class SeamContract:
+    """The core's seam contract: ``v1`` / ``v2`` parts; ``root`` is the directory
+    the ``ours`` paths are relative to (the core's source, read, not imported)."""
+
+    name: str
+    root: str
+    v1: V1RunnerContract | None = None
+    v2: V2RunnerContract | None = None

@@ -1,11 +1,12 @@
-"""The drivers' bindings and the recorded stand-in signatures against the real vendor sources.
+"""The drivers' bindings, the core's seam contract and the recorded stand-in signatures
+against the real vendor sources (read with ``ast``; nothing installed).
 
-Needs the vendor wheels, which do not install on this box and are not
-downloaded by CI: vLLM 0.33.0, vllm-ascend 0.23.0.post1, torch-npu
-2.10.0.post4. Point ``OMNI_BACKENDS_VENDOR_SOURCES`` at them (paths separated
-by ``os.pathsep``; wheels, sdists or source trees), or leave them where
-docs/drift.md's commands put them (``/tmp/vllm033``, ``/tmp/vllm_ascend_src``,
-``/tmp/torchnpu``). Each test skips, saying which source is missing.
+Sources: vLLM 0.33.0, 0.26.0 and 0.23.0 wheels, the vllm-ascend 0.23.0.post1
+sdist, the torch-npu 2.10.0.post4 wheel. ``scripts/fetch-vendor-sources.sh``
+downloads them (``pip download --no-deps``, cached) into
+``$OMNI_BACKENDS_VENDOR_DIR`` (default ``~/.cache/omni-backends/vendor-sources``)
+and writes ``env.sh``; CI sources it. Without a source a test skips saying
+which; with ``OMNI_BACKENDS_REQUIRE_VENDOR_SOURCES=1`` (CI) it fails instead.
 """
 
 from __future__ import annotations
@@ -18,27 +19,41 @@ import pytest
 
 from omni_backends import drift
 from omni_backends.binding import VendorSymbol
+from omni_backends.drift.seams import check_seams
 from simulated.vendor_signatures import STANDINS, Src
 
-DEFAULT_GLOBS = ["/tmp/vllm033/vllm-0.33.0-*.whl", "/tmp/vllm_ascend_src/vllm_ascend-0.23.0*.whl",
-                 "/tmp/torchnpu/torch_npu-2.10.0*.whl"]
+VENDOR_DIR = os.environ.get("OMNI_BACKENDS_VENDOR_DIR",
+                            os.path.expanduser("~/.cache/omni-backends/vendor-sources"))
+REQUIRE = os.environ.get("OMNI_BACKENDS_REQUIRE_VENDOR_SOURCES") == "1"
+#: name -> (subdirectory of VENDOR_DIR, file pattern, legacy location)
+LAYOUT = {
+    "vllm-0.33.0": ("vllm-0.33.0", "vllm-0.33.0-*.whl", "/tmp/vllm033/vllm-0.33.0-*.whl"),
+    "vllm-0.26.0": ("vllm-0.26.0", "vllm-0.26.0-*.whl", os.path.expanduser("~/.cache/gpu-stack/0.26.0/vllm-whl/vllm-0.26.0-*.whl")),
+    "vllm-0.23.0": ("vllm-0.23.0", "vllm-0.23.0-*.whl", "/tmp/vllm023/vllm-0.23.0-*.whl"),
+    "vllm-ascend-0.23.0.post1": ("vllm-ascend-0.23.0.post1", "vllm_ascend-0.23.0.post1*",
+                                 "/tmp/vllm_ascend_src/vllm_ascend-0.23.0*.whl"),
+    "torch-npu-2.10.0.post4": ("torch-npu-2.10.0.post4", "torch_npu-2.10.0.post4-*.whl",
+                               "/tmp/torchnpu/torch_npu-2.10.0*.whl"),
+}
+_TREES: dict[str, drift.SourceTree] = {}
 
 
-def _sources() -> list[drift.SourceTree]:
-    env = os.environ.get("OMNI_BACKENDS_VENDOR_SOURCES")
-    paths = env.split(os.pathsep) if env else [p for g in DEFAULT_GLOBS for p in sorted(glob.glob(g))[:1]]
-    return [drift.SourceTree(p) for p in paths if p and os.path.exists(p)]
+def _tree(name: str) -> drift.SourceTree:
+    if name not in _TREES:
+        sub, pattern, legacy = LAYOUT[name]
+        found = sorted(glob.glob(os.path.join(VENDOR_DIR, sub, pattern))) or sorted(glob.glob(legacy))
+        if not found:
+            msg = (f"vendor source {name} not found under {VENDOR_DIR}/{sub} (run scripts/fetch-vendor-sources.sh "
+                   "or set OMNI_BACKENDS_VENDOR_DIR)")
+            if REQUIRE:
+                pytest.fail(msg + "; OMNI_BACKENDS_REQUIRE_VENDOR_SOURCES=1 makes this a failure")
+            pytest.skip(msg)
+        _TREES[name] = drift.SourceTree(found[0])
+    return _TREES[name]
 
 
-SOURCES = _sources()
-
-
-def _resolver_for(*tops: str) -> drift.SourceResolver:
-    trees = [t for t in SOURCES if any(t.has_top(top) for top in tops)]
-    missing = [top for top in tops if not any(t.has_top(top) for t in trees)]
-    if missing:
-        pytest.skip(f"vendor source for {', '.join(missing)} not available (set OMNI_BACKENDS_VENDOR_SOURCES)")
-    return drift.SourceResolver(trees)
+def _resolver(*names: str) -> drift.SourceResolver:
+    return drift.SourceResolver([_tree(n) for n in names])
 
 
 def _standin_params(fn) -> list[tuple[str, str, str | None]]:
@@ -52,25 +67,158 @@ def _standin_params(fn) -> list[tuple[str, str, str | None]]:
     return out
 
 
+_STANDIN_SOURCE = {"vllm": "vllm-0.33.0", "vllm_ascend": "vllm-ascend-0.23.0.post1", "torch_npu": "torch-npu-2.10.0.post4"}
+
+
 @pytest.mark.parametrize("key", list(STANDINS), ids=lambda k: f"{k[0]}.{k[1]}")
 def test_standin_signature_equals_vendor_source(key):
     module, attr, kind = key
     fn, recorded_from = STANDINS[key]
-    resolver = _resolver_for(module.split(".")[0])
+    resolver = _resolver(_STANDIN_SOURCE[module.split(".")[0]])
     where, params, _ = resolver.resolve(VendorSymbol(module, attr, required=(), kind=kind))
     real = [(p.name, p.kind, p.default) for p in params]
     assert real == _standin_params(fn), f"{recorded_from} changed at {where}: re-record the stand-in"
 
 
-@pytest.mark.parametrize(("driver", "tops"), [
-    ("cpu", ("vllm",)), ("cuda", ("vllm",)), ("xpu", ("vllm",)), ("npu", ("vllm", "vllm_ascend", "torch_npu")),
-])
-def test_driver_bindings_have_no_drift_against_vendor_sources(driver, tops):
+#: what each driver targets (docs/drift.md): cpu/cuda/xpu vLLM 0.33; npu vllm-ascend 0.23 on vLLM 0.23.
+TARGETS = {
+    "cpu": ("vllm-0.33.0",),
+    "cuda": ("vllm-0.33.0",),
+    "xpu": ("vllm-0.33.0",),
+    "npu": ("vllm-0.23.0", "vllm-ascend-0.23.0.post1", "torch-npu-2.10.0.post4"),
+}
+
+
+@pytest.mark.parametrize("driver", sorted(TARGETS))
+def test_driver_bindings_have_no_drift_against_vendor_sources(driver):
     from omni_backends.registry import discover
 
-    resolver = _resolver_for(*tops)
+    resolver = _resolver(*TARGETS[driver])
     entries, _ = discover()
     report = drift.check_declarations(driver, drift.driver_declarations(entries[driver].cls), resolver)
     assert report.drift == [], drift.render_text({
         "mode": "source", "against": resolver.describe(), "date": "", "drift": True, "drivers": [report.to_json()]})
     assert report.checked > 0
+
+
+# ------------------------------------------------------------------ the seam contract
+def _contract():
+    from core.seams import CONTRACT
+
+    return CONTRACT
+
+
+V1_GPU = VendorSymbol("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", kind="class")
+V2_GPU = VendorSymbol("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", kind="class")
+
+
+def _by(facts):
+    return {(f.fact, f.seam): f for f in facts}
+
+
+def test_the_two_h200_faults_are_reported_against_vllm_0_26_for_the_code_before_the_fix():
+    """vLLM 0.26.0 on the H200 (docs/cuda.md): V1 ``TypeError: 'OmniOutput' object is not
+    subscriptable`` in ``_dummy_run`` (from ``profile_run``), V2 ``'AsyncOutput' object has no
+    attribute 'logprobs'`` in the scheduler. The contract as the code was at 1543e5a names both."""
+    resolver = _resolver("vllm-0.26.0")
+    from seam_contract_1543e5a import CONTRACT as old
+
+    v1 = _by(check_seams(old, V1_GPU, resolver))
+    dummy = v1[("model-call", "GPUModelRunner._dummy_run: self.model(")]
+    assert dummy.kind == "uncovered-model-call" and dummy.vendor == "vllm/v1/worker/gpu_model_runner.py:6084"
+    assert "reached from execute_model, profile_run, capture_model" in dummy.found
+    assert v1[("model-call", "GPUModelRunner._model_forward: self.model(")].status == "covered"
+    for facts in (v1, _by(check_seams(old, V2_GPU, resolver))):
+        wrapper = facts[("async-output", "omni async wrapper")]
+        assert wrapper.kind == "async-wrapper-unrecognised"
+        assert wrapper.vendor == "vllm/v1/executor/uniproc_executor.py:93"
+        assert "vllm/v1/executor/multiproc_executor.py:944" in wrapper.found
+    v2 = _by(check_seams(old, V2_GPU, resolver))
+    assert v2[("async-output", "sample_tokens returns AsyncOutput")].status == "clean"  # vLLM's own is recognised
+
+
+def test_the_two_h200_faults_are_covered_by_the_contract_now():
+    resolver = _resolver("vllm-0.26.0")
+    contract = _contract()
+    v1 = _by(check_seams(contract, V1_GPU, resolver))
+    assert v1[("model-call", "GPUModelRunner._dummy_run: self.model(")].status == "covered"
+    for facts in (v1, _by(check_seams(contract, V2_GPU, resolver))):
+        assert facts[("async-output", "omni async wrapper")].status == "clean"
+
+
+def _drift_kinds(facts) -> set[tuple[str, str]]:
+    return {(f.kind, f.seam) for f in facts if f.drift}
+
+
+def test_the_core_contract_on_vllm_0_33_v1_and_v2_is_clean():
+    """vLLM 0.33.0: the cuda driver's V1 and V2 GPU runners and the xpu driver's XPU runners."""
+    resolver = _resolver("vllm-0.33.0")
+    for base in (V1_GPU, V2_GPU, VendorSymbol("vllm.v1.worker.xpu_model_runner", "XPUModelRunner", kind="class"),
+                 VendorSymbol("vllm.v1.worker.xpu_model_runner", "XPUModelRunnerV2", kind="class")):
+        facts = check_seams(_contract(), base, resolver)
+        assert _drift_kinds(facts) == set(), (base.qualname, [f.to_json() for f in facts if f.drift])
+    v2 = _by(check_seams(_contract(), V2_GPU, resolver))
+    consult = v2[("model-state", "init_model_state consults get_model_state_cls")]
+    assert consult.vendor == "vllm/v1/worker/gpu/model_states/__init__.py:32"
+
+
+def test_vllm_0_26_v2_never_calls_three_state_overrides():
+    """vLLM 0.26.0's V2 runner consults get_model_state_cls but never calls
+    prepare_inputs_embeds, capture_inner_cudagraphs or get_additional_cg_support; the core
+    falls back for the latter two (capture_model, load_model), not for prepare_inputs_embeds."""
+    facts = check_seams(_contract(), V2_GPU, _resolver("vllm-0.26.0"))
+    never = {s for k, s in _drift_kinds(facts) if k == "state-override-never-called"}
+    assert never == {"runner calls model_state.prepare_inputs_embeds"}
+    by = _by(facts)
+    for name, fallback in (("capture_inner_cudagraphs", "OmniV2RunnerMixin.capture_model"),
+                           ("get_additional_cg_support", "OmniV2RunnerMixin.load_model")):
+        f = by[("model-state", f"runner calls model_state.{name}")]
+        assert f.kind == "state-override-never-called-fallback" and fallback in f.found
+    assert by[("model-state", "init_model_state consults get_model_state_cls")].status == "clean"
+
+
+def test_vllm_ascend_v2_never_consults_get_model_state_cls():
+    """vllm-ascend 0.23.0.post1 on vLLM 0.23.0: vLLM 0.23's init_model_state has no hook and
+    vllm-ascend replaces it at module level (patch_model_state.py:26): the npu driver
+    reports ``v2_runner=False`` (omni_backends/ascend/driver.py)."""
+    base = VendorSymbol("vllm_ascend.worker.v2.model_runner", "NPUModelRunner", kind="class")
+    facts = check_seams(_contract(), base, _resolver("vllm-0.23.0", "vllm-ascend-0.23.0.post1"))
+    by = _by(facts)
+    assert by[("model-state", "init_model_state consults get_model_state_cls")].kind == "model-state-not-consulted"
+    replaced = by[("model-state", "model_runner.init_model_state replaced")]
+    assert replaced.kind == "model-state-replaced"
+    assert replaced.vendor.endswith("vllm_ascend/patch/worker/patch_v2/patch_model_state.py:26")
+    never = {s for k, s in _drift_kinds(facts) if k == "state-override-never-called"}
+    assert {"runner calls model_state.custom_sampler", "runner calls model_state.remove_request"} <= never
+
+    from omni_backends.ascend.driver import AscendBackend
+
+    assert AscendBackend(load_vendor=False).capabilities().v2_runner is False
+
+
+def test_vllm_ascend_v1_reaches_every_relied_on_seam():
+    base = VendorSymbol("vllm_ascend.worker.model_runner_v1", "NPUModelRunner", kind="class")
+    facts = check_seams(_contract(), base, _resolver("vllm-0.23.0", "vllm-ascend-0.23.0.post1"))
+    assert _drift_kinds(facts) == set(), [f.to_json() for f in facts if f.drift]
+    by = _by(facts)
+    assert by[("call-edge", "execute_model -> _preprocess")].found.startswith("NPUModelRunner.execute_model")
+    # the NPU runner calls the model only through partial(self.model, ...) inside its _model_forward
+    calls = [f for f in facts if f.fact == "model-call"]
+    assert [c.seam for c in calls] == ["NPUModelRunner._model_forward: partial(self.model"]
+
+
+def test_check_drift_cli_on_the_npu_driver_with_its_vendor_sources(capsys):
+    """The maintainer's command: bindings and seams of the npu driver, one report."""
+    from omni_backends.cli import main
+
+    paths = [_tree(n).path for n in ("vllm-0.23.0", "vllm-ascend-0.23.0.post1", "torch-npu-2.10.0.post4")]
+    rc = main(["check-drift", "--driver", "npu", "--contract", "core.seams:CONTRACT", "--json"]
+              + [a for p in paths for a in ("--source", p)])
+    import json
+
+    report = json.loads(capsys.readouterr().out)
+    (npu,) = report["drivers"]
+    assert rc == 1 and npu["drift"] == 0  # the bindings are clean; the V2 seams are not
+    kinds = {f["kind"] for f in npu["seams"] if f["status"] == "drift"}
+    assert "model-state-replaced" in kinds
+    assert {f["runner"] for f in npu["seams"]} == {"v1", "v2", "worker"}

@@ -293,7 +293,11 @@ class AscendBackend(TorchAcceleratorOps, Backend):
             d2h_stream_ordered=True,
             pinned_memory=True,
             v1_runner=True,
-            v2_runner=True,
+            # vllm-ascend 0.23's V2 runner never consults the model's get_model_state_cls: vLLM 0.23's
+            # init_model_state has no such hook and vllm-ascend replaces it at module level
+            # (patch/worker/patch_v2/patch_model_state.py:26), so the omni model state is never built.
+            # `omni-backends check-drift --driver npu` reports it (docs/drift.md).
+            v2_runner=False,
             talker_mtp_graph=True,
             device_sync_after_replay_safe=True,
         )

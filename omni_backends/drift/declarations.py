@@ -1,0 +1,121 @@
+"""Which ``VendorSymbol`` declarations a driver depends on, and where it uses them."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+from typing import Any
+
+from omni_backends.binding import VendorSymbol
+from omni_backends.drift.model import Declared, _relpath
+
+
+def _package_modules(package: str) -> list[Any]:
+    import pkgutil
+
+    pkg = importlib.import_module(package)
+    mods = [pkg]
+    for info in pkgutil.iter_modules(getattr(pkg, "__path__", []), prefix=package + "."):
+        mods.append(importlib.import_module(info.name))
+    return mods
+
+
+def _imported_omni_modules(module: Any) -> set[str]:
+    """``omni_backends.*`` modules that ``module``'s source imports names from."""
+    try:
+        tree = ast.parse(inspect.getsource(module))
+    except (OSError, TypeError, SyntaxError):
+        return set()
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("omni_backends") and not node.level:
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("omni_backends"))
+    return out
+
+
+def _resolve_uses(module: Any) -> dict[int, list[str]]:
+    """id(VendorSymbol) -> ``file:line`` of every ``NAME.resolve()`` (or other
+    attribute use, e.g. ``NAME.attr``) in ``module``."""
+    try:
+        path = inspect.getsourcefile(module) or ""
+        tree = ast.parse(inspect.getsource(module))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    uses: dict[int, list[str]] = {}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and isinstance(getattr(module, node.value.id, None), VendorSymbol)
+        ):
+            sym = getattr(module, node.value.id)
+            uses.setdefault(id(sym), []).append(f"{_relpath(path)}:{node.lineno}")
+    return uses
+
+
+def driver_declarations(driver_cls: type) -> list[Declared]:
+    """Every :class:`VendorSymbol` a driver depends on, with its use sites.
+
+    Collected from all modules of the driver's package (``omni_backends/<driver>/*.py``)
+    and from the ``omni_backends`` modules those import names from that declare
+    symbols (``omni_backends/vllm_upstream.py``). A symbol declared in a shared
+    module counts only if a driver module uses it, directly or through a shared
+    mixin the driver inherits from.
+    """
+    from omni_backends.binding import declared_symbols
+
+    package = driver_cls.__module__.rpartition(".")[0] or driver_cls.__module__
+    own = _package_modules(package)
+    shared_names: set[str] = set()
+    for m in own:
+        shared_names |= {n for n in _imported_omni_modules(m) if not n.startswith(package)}
+    shared = [importlib.import_module(n) for n in sorted(shared_names)]
+    shared = [m for m in shared if any(True for _ in declared_symbols(m))]
+    mro_modules = {c.__module__ for c in driver_cls.__mro__}
+
+    uses: dict[int, list[str]] = {}
+    for m in own + shared:
+        for k, v in _resolve_uses(m).items():
+            uses.setdefault(k, []).extend(v)
+
+    out: dict[int, Declared] = {}
+    for m in own:
+        for name, sym in declared_symbols(m):
+            out.setdefault(id(sym), Declared(name, sym, tuple(sorted(set(uses.get(id(sym), []))))))
+    for m in shared:
+        inherited = m.__name__ in mro_modules
+        used_by_own = {id(getattr(o, n)) for o in own for n in vars(o) if isinstance(getattr(o, n), VendorSymbol)}
+        for name, sym in declared_symbols(m):
+            if inherited or id(sym) in used_by_own:
+                out.setdefault(id(sym), Declared(name, sym, tuple(sorted(set(uses.get(id(sym), []))))))
+    return sorted(out.values(), key=lambda d: d.symbol.defined_at)
+
+
+def runner_bases(driver_cls: type, method: str = "model_runner_base") -> list[Declared]:
+    """The base runner classes a driver binds: every ``VendorSymbol`` its
+    ``model_runner_base`` method (or ``method``, e.g. ``worker_base``) names,
+    read from the defining module's source (first class of the MRO that
+    defines it). ``[]`` when there is none."""
+    for klass in driver_cls.__mro__:
+        if method not in vars(klass):
+            continue
+        module = inspect.getmodule(klass)
+        try:
+            tree = ast.parse(inspect.getsource(module))
+        except (OSError, TypeError, SyntaxError):
+            return []
+        out: list[Declared] = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name == klass.__name__:
+                for fn in node.body:
+                    if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name == method:
+                        for n in ast.walk(fn):
+                            value = getattr(module, n.id, None) if isinstance(n, ast.Name) else None
+                            if isinstance(value, VendorSymbol) and all(d.symbol is not value for d in out):
+                                out.append(Declared(n.id, value, (f"{_relpath(inspect.getsourcefile(module) or '')}:"
+                                                                  f"{n.lineno}",)))
+        return out
+    return []

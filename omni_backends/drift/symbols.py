@@ -1,0 +1,178 @@
+"""Comparing declarations with vendor signatures; a vendor's own imports vs its upstream."""
+
+from __future__ import annotations
+
+import ast
+from typing import Any, Iterable
+
+from omni_backends.binding import VendorSymbol
+from omni_backends.drift.model import _VAR_KINDS, Declared, DriverReport, Finding, Param, _rel_defined_at
+from omni_backends.drift.sources import SourceResolver, SourceTree, _Missing, _Unverifiable
+
+
+def compare_signature(sym: VendorSymbol, params: list[Param]) -> list[tuple[str, str]]:
+    """(kind, message) for every mismatch between a declaration and a vendor signature."""
+    problems: list[tuple[str, str]] = []
+    by_name = {p.name: p for p in params if p.kind not in _VAR_KINDS}
+    order = [p.name for p in params if p.kind not in _VAR_KINDS]
+    has_var_kw = any(p.kind == "var_keyword" for p in params)
+    declared = set(sym.params) | set(sym.required or ())
+    missing = [n for n in sym.params if n not in by_name]
+    new = [n for n in order if n not in declared]
+    new_required = [n for n in new if by_name[n].default is None and by_name[n].kind != "positional_only"]
+    renamed: dict[str, str] = {}
+    for n in missing:
+        # a parameter that vanished while an unknown one appeared at its old slot = rename
+        pos = sym.params.index(n)
+        cand = [m for m in new if m not in renamed.values()]
+        guess = next((m for m in cand if order.index(m) == pos), None) or (cand[0] if len(cand) == 1 and len(missing) == 1 else None)
+        if guess is not None:
+            renamed[n] = guess
+    for n in missing:
+        if n in renamed:
+            problems.append(("renamed-param", f"parameter {n!r} is gone; {renamed[n]!r} appeared in its place (renamed?)"))
+        elif has_var_kw:
+            problems.append(("kwargs-only", f"parameter {n!r} is no longer named; it is only accepted through **kwargs"))
+        else:
+            problems.append(("removed-param", f"parameter {n!r} was removed"))
+    if sym.required is not None:
+        for n in new_required:
+            if n in renamed.values():
+                continue
+            problems.append(("new-required-param", f"new required parameter {n!r} (no default) that the driver does not pass"))
+    for name, expected in sym.defaults:
+        p = by_name.get(name)
+        if p is None:
+            if name not in missing:
+                problems.append(("removed-param", f"parameter {name!r} (default relied on) was removed"))
+            continue
+        if p.default is None:
+            problems.append(("changed-default", f"parameter {name!r} lost its default (expected {expected})"))
+        elif not _same_default(p.default, expected):
+            problems.append(("changed-default", f"default of {name!r} changed: expected {expected}, vendor has {p.default}"))
+    return problems
+
+
+def _same_default(got: str, expected: str) -> bool:
+    if got == expected:
+        return True
+    try:
+        return ast.literal_eval(got) == ast.literal_eval(expected)
+    except (ValueError, SyntaxError):
+        return got.rsplit(".", 2)[-2:] == expected.rsplit(".", 2)[-2:]
+
+
+def check_declarations(driver: str, declared: Iterable[Declared], resolver: Any) -> DriverReport:
+    """Resolve every declaration with ``resolver`` (:class:`InstalledResolver` / :class:`SourceResolver`).
+
+    The report's ``statuses`` lists every declaration with its status
+    (``clean``, ``drift``, ``not-checked``, ``unverifiable``, ``note``) and
+    the vendor ``file:line`` where it was found, so two reports can be diffed."""
+    findings: list[Finding] = []
+    statuses: list[dict[str, Any]] = []
+    checked = 0
+    declared = list(declared)
+    for d in declared:
+        sym = d.symbol
+        first = len(findings)
+
+        def add(kind: str, message: str, vendor_at: str | None = None, d: Declared = d) -> None:
+            findings.append(
+                Finding(driver, d.name, d.symbol.qualname, kind, message, _rel_defined_at(d.symbol.defined_at),
+                        list(d.used_at), vendor_at)
+            )
+
+        where: str | None = None
+        try:
+            where, params, _what = resolver.resolve(sym)
+        except _Missing as exc:
+            checked += 1
+            add(exc.kind, str(exc), exc.where)
+            params = None
+        except _Unverifiable as exc:
+            kind = "not-checked" if "not in the given sources" in str(exc) or "not installed" in str(exc) else "unverifiable"
+            add(kind, str(exc))
+            params = None
+        else:
+            checked += 1
+            if params is not None:
+                for kind, message in compare_signature(sym, params):
+                    add(kind, message, where)
+        mine = findings[first:]
+        status = ("drift" if any(f.drift for f in mine) else mine[0].kind if mine and len(mine) == 1
+                  and mine[0].kind in ("not-checked", "unverifiable") else "note" if mine else "clean")
+        statuses.append({"symbol": d.name, "target": sym.qualname, "status": status,
+                         "kinds": [f.kind for f in mine], "declared_at": _rel_defined_at(sym.defined_at),
+                         "vendor_at": where or next((f.vendor_at for f in mine if f.vendor_at), None)})
+    return DriverReport(driver, len(declared), checked, findings, statuses)
+
+
+# ------------------------------------------------- vendor's own import drift
+def _guards(tree: ast.Module) -> dict[int, str]:
+    """id(node) -> why an import is guarded: inside ``try:``, ``if TYPE_CHECKING:``,
+    or an ``if``/``else`` whose test names a version (``vllm_version_is(...)``)."""
+    out: dict[int, str] = {}
+
+    def mark(body: list[ast.stmt], why: str) -> None:
+        for stmt in body:
+            for n in ast.walk(stmt):
+                out.setdefault(id(n), why)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try):
+            mark(node.body, "guarded by try")
+        elif isinstance(node, ast.If):
+            test = ast.unparse(node.test)
+            if "TYPE_CHECKING" in test:
+                mark(node.body, "type checking only")
+            elif "version" in test.lower():
+                mark(node.body + node.orelse, f"version-gated by `if {test}`")
+    return out
+
+
+def vendor_import_drift(vendor: SourceTree, package: str, upstream: SourceResolver) -> list[Finding]:
+    """Names a vendor package imports from an upstream package that the upstream lacks.
+
+    Walks every ``from <upstream top> ... import name`` in ``package`` (the
+    vendor's own code, e.g. ``vllm_ascend`` importing from ``vllm``) and
+    resolves it in ``upstream``. Returns ``missing-module``/``missing-symbol``
+    findings whose ``declared_at`` is the vendor's ``file:line``. An import
+    that is guarded (``try:``, ``if TYPE_CHECKING:``, an ``if`` on a version)
+    is reported as kind ``guarded-import`` (a note, not drift), saying which
+    guard; imports from compiled extension modules cannot be read and are skipped.
+    """
+    out: list[Finding] = []
+    for rel in vendor.python_files(package):
+        try:
+            tree = ast.parse(vendor.read(rel))
+        except SyntaxError:
+            continue
+        guards = _guards(tree)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.ImportFrom) and node.module and not node.level):
+                continue
+            if not upstream.covers(node.module) or node.module.split(".")[0] == package or upstream.native(node.module):
+                continue
+            guard = guards.get(id(node))
+            at = f"{rel}:{node.lineno}"
+
+            def add(kind: str, target: str, message: str) -> None:
+                if guard:
+                    out.append(Finding(package, target.rpartition(".")[2], target, "guarded-import",
+                                       f"{message} ({guard}; {kind})", at))
+                else:
+                    out.append(Finding(package, target.rpartition(".")[2], target, kind, message, at))
+
+            if upstream.index(node.module) is None:
+                add("missing-module", node.module, f"module {node.module} does not exist upstream")
+                continue
+            for a in node.names:
+                if a.name == "*":
+                    continue
+                try:
+                    upstream.lookup(node.module, a.name)
+                except _Missing as exc:
+                    add(exc.kind, f"{node.module}.{a.name}", str(exc))
+                except _Unverifiable:
+                    pass
+    return out
