@@ -425,8 +425,10 @@ def _requested(device: str | None, env: Mapping[str, str], entries: dict[str, Dr
                notes: list[str]) -> tuple[str, str | None, str]:
     """Apply the precedence; returns ``(rule, requested name or None for auto, source)``."""
     env_value = (env.get(ENV_DEVICE) or "").strip()
-    env_set = bool(env_value) and env_value.lower() != AUTO
-    if device is not None and device.strip():
+    env_set = bool(env_value) and env_value.lower() != AUTO  # empty or blank = auto, like unset
+    if device is not None:
+        if not device.strip():  # an empty --device "" means auto, like --device auto
+            device = AUTO
         if env_set and not _same_driver(device, env_value, entries):
             notes.append(f"{flag_name}={device.strip()} overrides {ENV_DEVICE}={env_value}")
         if device.strip().lower() == AUTO:
@@ -464,10 +466,14 @@ def _decide(
         typed = requested.strip().lower()
         shown = f"{name!r} (given as {typed!r})" if typed != name else repr(name)
         if not probe.usable:
+            from omni_backends.probing import describe_import_failure, vendor_import_failures
+
+            broken = vendor_import_failures({name: entries[name].cls.vendor_requirements}).get(name, [])
             raise DeviceNotUsableError(
                 f"device {shown} was requested ({rule}) but is not usable here: {probe.reason.rstrip('.')}."
                 + (f" To fix: {probe.fix}." if probe.fix else "")
                 + (f" Error: {probe.error.strip().splitlines()[-1]}" if probe.error else "")
+                + "".join(f" Its vendor stack fails to import: {describe_import_failure(b)}." for b in broken)
                 + f" Or choose another device (`omni-backends devices` lists them).",
                 probe=probe,
             )
@@ -661,12 +667,21 @@ def devices_report(device: str | None = None, *, env: Mapping[str, str] | None =
     the candidates (they are ``drivers``), or ``{"selected": None, "error": ...}``.
     Never binds a driver and imports no vendor stack.
     """
+    from omni_backends.probing import describe_import_failure, vendor_import_failures
+
     entries, notes = discover()
     candidates = _candidates(entries)
+    # the vendor's own error for installed vendor packages of drivers that are not usable (a subprocess,
+    # only when there are such packages): a broken torch_npu is shown as what it is
+    broken = vendor_import_failures({c.name: entries[c.name].cls.vendor_requirements for c in candidates
+                                     if c.probe is not None and not c.probe.usable and entries[c.name].cls is not None})
+    for failure in {b.get("package"): b for fails in broken.values() for b in fails if b.get("autoload")}.values():
+        notes = [*notes, f"`import torch` fails for every driver: {describe_import_failure(failure)}"]
     out: dict[str, Any] = {"interface_version": INTERFACE_VERSION, "notes": notes, "drivers": []}
     for c in candidates:
         d = c.to_json()
         e = entries[c.name]
+        d["vendor_import_errors"] = broken.get(c.name, [])
         if e.cls is not None:
             d["identity"] = e.cls.identity()
             d["capabilities"], d["capabilities_skipped"] = cheap_capabilities(e.cls)
@@ -678,7 +693,7 @@ def devices_report(device: str | None = None, *, env: Mapping[str, str] | None =
         out["selection"] = sel.to_json()
         del out["selection"]["candidates"]
     except OmniBackendError as exc:
-        out["selection"] = {"selected": None, "error": f"{type(exc).__name__}: {exc}"}
+        out["selection"] = {"selected": None, "error": f"{type(exc).__name__}: {exc}", "error_type": type(exc).__name__}
         if isinstance(exc, DriverLoadError) and exc.__cause__ is not None:
             out["selection"]["traceback"] = "".join(traceback.format_exception(exc.__cause__))
     return out
