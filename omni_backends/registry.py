@@ -78,10 +78,13 @@ class DriverEntry:
     load_traceback: str | None = None
     duplicate_of: list[str] = dataclasses.field(default_factory=list)
     incompatible: str | None = None
+    #: the distribution's metadata records on sys.path disagree (see omni_backends.entry_points)
+    conflict: str | None = None
 
     @property
     def loaded(self) -> bool:
-        return self.cls is not None and self.load_error is None and not self.duplicate_of and not self.incompatible
+        return (self.cls is not None and self.load_error is None and not self.duplicate_of and not self.incompatible
+                and not self.conflict)
 
 
 @dataclasses.dataclass
@@ -156,21 +159,29 @@ class Selection:
 
 
 # --------------------------------------------------------------- discovery
-def _entry_points_with_dists() -> dict[str, list[tuple[str, str | None]]]:
-    """name -> [(entry-point value, distribution name)] straight from importlib.metadata."""
+def _entry_points_with_dists(records: Any = None) -> dict[str, list[tuple[str, str | None]]]:
+    """name -> [(entry-point value, distribution name)] from every metadata record
+    (:func:`omni_backends.entry_points.driver_records`: a stale ``.egg-info`` never
+    shadows the installed ``.dist-info``)."""
+    from omni_backends.entry_points import driver_records
+
+    records = records if records is not None else driver_records(NAMESPACE)
     out: dict[str, list[tuple[str, str | None]]] = {}
-    for ep in importlib.metadata.entry_points(group=NAMESPACE):
-        dist = ep.dist.name if getattr(ep, "dist", None) is not None else None
-        targets = out.setdefault(ep.name, [])
-        if (ep.value, dist) not in targets:
-            targets.append((ep.value, dist))
+    for name, found in records.entry_points.items():
+        targets = out.setdefault(name, [])
+        for ep, dist in found:
+            if (ep.value, dist) not in targets:
+                targets.append((ep.value, dist))
     return out
 
 
-def _load_direct(eps: Any, failures: dict[str, tuple[BaseException, str]]) -> dict[str, Any]:
+def _load_direct(eps: Any, failures: dict[str, tuple[BaseException, str]],
+                 values: dict[str, str] | None = None) -> dict[str, Any]:
     """Load entry points with ``EntryPoint.load()``; failures are recorded, never swallowed."""
     plugins: dict[str, Any] = {}
     for ep in eps:
+        if values is not None:
+            values[ep.name] = ep.value
         try:
             plugins[ep.name] = ep.load()
         except Exception as exc:  # recorded with its traceback
@@ -179,11 +190,12 @@ def _load_direct(eps: Any, failures: dict[str, tuple[BaseException, str]]) -> di
 
 
 def load_plugins(
-    failures: dict[str, tuple[BaseException, str]], namespace: str = NAMESPACE
+    failures: dict[str, tuple[BaseException, str]], namespace: str = NAMESPACE, values: dict[str, str] | None = None
 ) -> tuple[dict[str, Any], str | None]:
     """Load every entry point of ``namespace`` through stevedore; returns ``({name: plugin}, problem or None)``.
 
-    Load failures go into ``failures`` (name -> (exception, formatted traceback)).
+    Load failures go into ``failures`` (name -> (exception, formatted traceback));
+    ``values``, if given, receives the target (``module:attr``) each name was loaded from.
 
     stevedore reads entry points through its on-disk cache
     (``$XDG_CACHE_HOME/python-entrypoints``; never written for interpreters
@@ -196,6 +208,8 @@ def load_plugins(
 
     def on_failure(_manager: Any, entry_point: Any, exc: BaseException) -> None:
         failures[entry_point.name] = (exc, traceback.format_exc())
+        if values is not None:
+            values[entry_point.name] = entry_point.value
 
     try:
         mgr = ExtensionManager(
@@ -204,6 +218,8 @@ def load_plugins(
             on_load_failure_callback=on_failure,
             propagate_map_exceptions=True,
         )
+        if values is not None:
+            values.update({ext.name: ext.entry_point.value for ext in mgr.extensions})
         return {ext.name: ext.plugin for ext in mgr.extensions}, None
     except Exception as exc:  # corrupt cache contents stevedore cannot parse, or a driver raising AssertionError
         problem = (
@@ -213,7 +229,7 @@ def load_plugins(
         )
         log.warning(problem)
         failures.clear()
-        return _load_direct(importlib.metadata.entry_points(group=namespace), failures), problem
+        return _load_direct(importlib.metadata.entry_points(group=namespace), failures, values), problem
 
 
 def _stevedore_cache_dir() -> str:
@@ -225,8 +241,12 @@ def _stevedore_cache_dir() -> str:
         return "~/.cache/python-entrypoints"
 
 
-def _interface_problem(plugin: Any, value: str, dists: list[str]) -> str | None:
-    """Why a loaded entry-point object is not a usable driver class, or None."""
+def _interface_problem(plugin: Any, value: str, dists: list[str], name: str | None = None) -> str | None:
+    """Why a loaded entry-point object is not a usable driver class, or None.
+
+    With ``name`` (the entry point's name) a class whose ``name`` differs
+    (case-insensitively) is refused naming both: ``--device`` values, reports
+    and worker processes all use one name per driver."""
     if not (isinstance(plugin, type) and issubclass(plugin, Backend)):
         return f"entry point {value!r} is not a Backend subclass (got {plugin!r}); fix the distribution {', '.join(dists)}"
     identity = {"name": str, "device_type": str, "dist_backend": str, "priority": int, "vllm_device_type": str}
@@ -238,6 +258,12 @@ def _interface_problem(plugin: Any, value: str, dists: list[str]) -> str | None:
         return (
             f"driver class {plugin.__qualname__} lacks a valid identity: {', '.join(bad)}; see "
             f"omni_backends.backend.Backend for the required class attributes. Fix the distribution {', '.join(dists)}"
+        )
+    if name is not None and plugin.name.strip().lower() != name.strip().lower():
+        return (
+            f"entry point {name!r} ({value}) loads driver class {plugin.__qualname__} whose name is {plugin.name!r}; "
+            f"a driver's entry-point name must equal its class's name. Fix the distribution {', '.join(dists)} "
+            f"(register it as {plugin.name} = {value}), or delete {_stevedore_cache_dir()} if its cache is stale"
         )
     versions = getattr(plugin, "interface_versions", ())
     if not (isinstance(versions, (tuple, list)) and all(isinstance(v, int) for v in versions)):
@@ -260,18 +286,39 @@ def discover() -> tuple[dict[str, DriverEntry], list[str]]:
     Returns ``(entries by name, notes)``. Load failures, duplicate names and
     incompatible interface versions are recorded on the entries, not raised.
     ``importlib.metadata`` is the source of truth for which drivers are
-    installed: a driver stevedore's (stale) cache does not list is loaded
-    directly, a cached one no distribution declares is ignored, and a note
-    says so.
+    installed: a driver stevedore's (stale) cache does not list, or maps to
+    another target than the installed metadata, is loaded directly, a cached
+    one no distribution declares is ignored, and a note says so. Every
+    metadata record on ``sys.path`` is read (:mod:`omni_backends.entry_points`):
+    a stale ``.egg-info`` next to the installed ``.dist-info`` is ignored with
+    a note; records that disagree otherwise are refused, naming each path.
     """
-    notes: list[str] = []
-    declared = _entry_points_with_dists()
+    from omni_backends.entry_points import driver_records
+
+    records = driver_records(NAMESPACE)
+    notes: list[str] = list(records.notes)
+    declared = _entry_points_with_dists(records)
     failures: dict[str, tuple[BaseException, str]] = {}
-    loaded, cache_problem = load_plugins(failures)
+    values: dict[str, str] = {}
+    loaded, cache_problem = load_plugins(failures, values=values)
     if cache_problem:
         notes.append(cache_problem)
     missing = [n for n in declared if n not in loaded and n not in failures]
-    phantom = sorted(n for n in {*loaded, *failures} if n not in declared)
+    phantom = sorted(n for n in {*loaded, *failures} if n not in declared and n not in records.conflicts)
+    # loaded from another target than the one metadata record chosen declares: stevedore's cache with wrong or
+    # swapped targets, or stevedore reading the stale record
+    retarget = sorted(n for n, targets in declared.items()
+                      if len(targets) == 1 and n in values and values[n] != targets[0][0])
+    if retarget:
+        notes.append(
+            "stevedore's entry-point cache (or a stale metadata record) points driver(s) elsewhere than the installed "
+            "metadata: " + "; ".join(f"{n} = {values[n]} (installed: {declared[n][0][0]})" for n in retarget)
+            + f"; loaded the installed targets. Delete {_stevedore_cache_dir()} to refresh the cache."
+        )
+        for name in retarget:
+            loaded.pop(name, None)
+            failures.pop(name, None)
+        loaded.update(_load_direct([ep for n in retarget for ep, _ in records.entry_points[n]], failures))
     if missing or phantom:
         notes.append(
             "stevedore's entry-point cache is stale ("
@@ -288,10 +335,14 @@ def discover() -> tuple[dict[str, DriverEntry], list[str]]:
         for name in phantom:
             loaded.pop(name, None)
             failures.pop(name, None)
-        eps = [ep for ep in importlib.metadata.entry_points(group=NAMESPACE) if ep.name in missing]
+        eps = [ep for n in missing for ep, _ in records.entry_points[n]]
         loaded.update(_load_direct(eps, failures))
 
     entries: dict[str, DriverEntry] = {}
+    for name, conflict in records.conflicts.items():
+        if name not in declared:
+            entries[name] = DriverEntry(name=name, value="?", distribution=conflict.split(" has ")[0].removeprefix(
+                "distribution "), conflict=conflict)
     for name, targets in declared.items():
         value, dist = targets[0]
         dists = sorted({d or "?" for _, d in targets})
@@ -304,7 +355,7 @@ def discover() -> tuple[dict[str, DriverEntry], list[str]]:
             entry.load_error, entry.load_traceback = failures[name]
         elif name in loaded:
             plugin = loaded[name]
-            entry.incompatible = _interface_problem(plugin, value, dists)
+            entry.incompatible = _interface_problem(plugin, value, dists, name)
             if entry.incompatible is None:
                 entry.cls = plugin
         entries[name] = entry
@@ -313,6 +364,8 @@ def discover() -> tuple[dict[str, DriverEntry], list[str]]:
 
 def problem_of(entry: DriverEntry) -> str | None:
     """One sentence on why a discovered driver cannot be used at all, or None."""
+    if entry.conflict:
+        return entry.conflict
     if entry.duplicate_of:
         return (
             f"driver name {entry.name!r} is registered by more than one distribution: "
@@ -410,6 +463,8 @@ def _candidates(entries: dict[str, DriverEntry]) -> list[Candidate]:
 
 
 def _raise_for_entry(entry: DriverEntry) -> None:
+    if entry.conflict:
+        raise DuplicateDriverError(f"driver {entry.name!r}: {entry.conflict}")
     if entry.duplicate_of:
         raise DuplicateDriverError(problem_of(entry))
     if entry.load_error is not None:
