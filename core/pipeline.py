@@ -240,7 +240,9 @@ def run_pipeline(cfg: RunConfig, progress: Callable[[str], None] | None = None) 
     cfg.check()  # values first: before the device, the file system or vLLM
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     t_start = time.perf_counter()
-    if not cfg.multiprocess:
+    if cfg.multiprocess:  # explicit: also over an in-process run earlier in this process
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    else:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep the progress lines readable
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries only our result
@@ -345,20 +347,53 @@ def _failure_cause(exc: BaseException, llm: Any) -> str:
     return f"the engine raised {line(root)}"
 
 
+def _watch_engine_process(llm: Any, stop: Any) -> None:
+    """Until ``stop`` is set: if an engine-core process of ``llm`` exits, wake the caller.
+
+    vLLM 0.32's ``SyncMPClient`` notices a dead engine process
+    (``MPClient.start_engine_core_monitor``) and shuts its output thread down
+    without telling a caller blocked in ``get_output()`` (``outputs_queue.get()``
+    with no timeout): ``LLM.generate`` would wait forever. This puts vLLM's
+    ``EngineDeadError`` on that queue, which ``get_output`` raises."""
+    client = llm.llm_engine.engine_core
+    while not stop.wait(0.5):
+        if _engine_process_fate(llm) is None:
+            continue
+        queue = getattr(client, "outputs_queue", None)
+        if queue is not None:
+            from vllm.v1.engine.exceptions import EngineDeadError
+
+            queue.put_nowait(EngineDeadError())
+        return
+
+
 class _Stages:
     """The engines of one run: started, released when their stage is done, and all
-    released when a stage fails (then the failure is :class:`StageFailedError`)."""
+    released when a stage fails (then the failure is :class:`StageFailedError`).
+    In multiprocess mode a watchdog thread per engine turns a dead engine process
+    into an error instead of a hang (:func:`_watch_engine_process`)."""
 
     def __init__(self) -> None:
         self.engines: dict[str, Any] = {}
+        self.watchdogs: dict[str, Any] = {}
 
     def start(self, stage: str, make: Callable[[], Any]) -> Any:
+        import threading
+
         self.engines[stage] = None  # starting: a failure here is this stage's
         llm = make()
         self.engines[stage] = llm
+        if getattr(getattr(llm.llm_engine.engine_core, "resources", None), "engine_manager", None) is not None:
+            stop = threading.Event()
+            threading.Thread(target=_watch_engine_process, args=(llm, stop), daemon=True,
+                             name=f"omni-{stage}-engine-watchdog").start()
+            self.watchdogs[stage] = stop
         return llm
 
     def release(self, stage: str) -> None:
+        stop = self.watchdogs.pop(stage, None)
+        if stop is not None:
+            stop.set()
         llm = self.engines.pop(stage, None)
         if llm is not None:
             shutdown_engine(llm)

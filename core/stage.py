@@ -97,4 +97,8 @@ def make_engine(model: str, *, kind: str = AR, device: str | None = None, **engi
         from core.engine import attach_omni_frontend
 
         llm = LLM(model, worker_cls=WORKER_CLS[kind], scheduler_cls=SCHEDULER_CLS, **engine_kwargs)
-        return attach_omni_frontend(llm, kind)
+        try:
+            return attach_omni_frontend(llm, kind)
+        except BaseException:  # never leave a started engine (and its process) behind
+            llm.llm_engine.engine_core.shutdown()
+            raise

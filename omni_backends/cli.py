@@ -73,8 +73,8 @@ registered under the entry-point group omni_backends.drivers) supplies what
 differs per device; one device-neutral omni runner does the rest.
 
 Device selection, first match wins:
-  1. --device NAME          (a driver name or alias, any case; 'auto' = rule 3)
-  2. OMNI_BACKENDS_DEVICE   (same values)
+  1. --device NAME          (a driver name or alias, any case; 'auto' or '' = rule 3)
+  2. OMNI_BACKENDS_DEVICE   (same values; empty = unset)
   3. auto-detect            the highest-priority *usable* driver; equal
                             priorities break by name; cpu is the default
 An explicit choice that cannot run here is an error that says why and what to

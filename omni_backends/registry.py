@@ -24,7 +24,17 @@ Selection precedence (first that applies decides):
    imports but sees no device is not usable.
 
 Names and aliases are case-insensitive (``ascend`` = ``npu``). ``auto`` as
-an explicit name means rule 3 (and overrides the variable). The selection is
+an explicit name means rule 3 (and overrides the variable); so does an empty
+or blank explicit name (``--device ""``), and an empty or blank variable is
+the same as an unset one: empty means auto everywhere.
+
+Packaging metadata is read as it is found in the wild
+(:mod:`omni_backends.entry_points`): every ``.dist-info`` / ``.egg-info``
+record on ``sys.path``, so a stale egg-info never shadows the installed
+dist-info and records that disagree are refused naming each path; a
+stevedore cache whose targets differ from the installed metadata is
+bypassed; an entry point whose class's ``name`` differs from it is refused
+naming both. The selection is
 made once per process under a lock; later calls from any thread return the
 same result and driver instance, a call asking for a different driver
 raises, and a call from inside a selection (a driver's probe or constructor)
