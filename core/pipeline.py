@@ -14,6 +14,7 @@ renamed into place only when everything succeeded:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -44,8 +45,34 @@ def default_model_dir() -> str:
     return os.path.join(root, f"demo-v{FORMAT_VERSION}")
 
 
+#: seeds reach ``numpy.random.seed`` (vLLM's ``set_random_seed``), which takes 0..2**32-1
+MAX_SEED = 2**32 - 1
+
+
+def _check_int(value: Any, name: str, flag: str, lo: int, hi: int | None = None) -> None:
+    """Raise :class:`BadInputError` naming ``name`` (``flag``) unless ``lo <= value <= hi``."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadInputError(f"{name} ({flag}) must be an integer, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
+        raise BadInputError(f"{name} ({flag}) must be {rng}, got {value}")
+
+
 @dataclasses.dataclass
 class RunConfig:
+    """What :func:`run_pipeline` runs. Every value is checked when the config is
+    made (and again by :func:`run_pipeline`), before vLLM is imported:
+    :class:`BadInputError` (a ``ValueError``) naming the argument and its flag.
+
+    ``prompt``: non-empty text; ``device``: driver name / alias, ``"auto"``,
+    ``""`` (= auto) or ``None`` (``OMNI_BACKENDS_DEVICE``, then auto);
+    ``voice``: talker voice id, >= 0 (the upper bound is the talker's
+    ``num_voices``, checked against its config); ``max_tokens``: thinker tokens,
+    1..THINKER_MAX_MODEL_LEN-1; ``seed``: 0..2**32-1; ``out``: output directory;
+    ``model_dir``: demo models (``None``: the cache); ``multiprocess``: one
+    process per engine core.
+    """
+
     prompt: str = "Hello! Tell me about omni models."
     device: str | None = None
     voice: int = 0
@@ -54,6 +81,27 @@ class RunConfig:
     out: str = "out"
     model_dir: str | None = None
     multiprocess: bool = False
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Check every value's type and range (no file system, no vLLM); raises :class:`BadInputError`."""
+        if not isinstance(self.prompt, str):
+            raise BadInputError(f"prompt (--prompt) must be text, got {type(self.prompt).__name__}")
+        if not self.prompt.strip():
+            raise BadInputError("the prompt is empty; pass some text with --prompt")
+        if self.device is not None and not isinstance(self.device, str):
+            raise BadInputError(f"device (--device) must be a driver name or None, got {self.device!r}")
+        _check_int(self.voice, "voice", "--voice", 0)
+        _check_int(self.max_tokens, "max_tokens", "--max-tokens", 1, THINKER_MAX_MODEL_LEN - 1)
+        _check_int(self.seed, "seed", "--seed", 0, MAX_SEED)
+        if not isinstance(self.out, str) or not self.out.strip():
+            raise BadInputError(f"out (--out) must be a directory path, got {self.out!r}")
+        if self.model_dir is not None and (not isinstance(self.model_dir, str) or not self.model_dir.strip()):
+            raise BadInputError(f"model_dir (--model-dir) must be a directory path or None, got {self.model_dir!r}")
+        if not isinstance(self.multiprocess, bool):
+            raise BadInputError(f"multiprocess (--multiprocess) must be True or False, got {self.multiprocess!r}")
 
 
 def _recreate(model_dir: str) -> str:
@@ -118,13 +166,7 @@ def validate(cfg: RunConfig, backend: Any) -> dict[str, dict[str, Any]]:
     longer than the thinker's context (its tokenizer). Raises
     :class:`BadInputError` saying what to do.
     """
-    if not cfg.prompt or not cfg.prompt.strip():
-        raise BadInputError("the prompt is empty; pass some text with --prompt")
-    if cfg.max_tokens < 1:
-        raise BadInputError(f"--max-tokens must be >= 1, got {cfg.max_tokens}")
-    if cfg.max_tokens >= THINKER_MAX_MODEL_LEN:
-        raise BadInputError(f"--max-tokens {cfg.max_tokens} does not fit the thinker's context of "
-                            f"{THINKER_MAX_MODEL_LEN} tokens; use fewer")
+    cfg.check()
     model_dir = cfg.model_dir
     if not os.path.isdir(model_dir):
         raise BadInputError(f"model directory {model_dir} does not exist; create it with: omni-backends demo-model create {model_dir}")
@@ -182,34 +224,50 @@ def _write_wav(path: str, samples: Any, sample_rate: int) -> None:
 def run_pipeline(cfg: RunConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the three stages; returns the summary (also written to ``summary.json``).
 
-    Raises the registry's errors for an unknown / unusable device and
-    :class:`BadInputError` for bad input, both before any engine starts.
+    Before any engine starts (and before vLLM is imported) it raises
+    :class:`BadInputError` (a ``ValueError``) for a bad value of ``cfg`` and the
+    registry's errors for an unknown / unusable device; bad model files, an
+    unwritable ``out`` and a too-long prompt follow before the first engine.
+    A package that raises while being imported (``torch_npu`` without CANN,
+    reached through torch's backend autoload or transformers) is
+    :class:`~omni_backends.errors.VendorImportError` naming it.
+    A stage that fails once running (its engine process died, out of memory,
+    the model raised) is :class:`~omni_backends.errors.StageFailedError`
+    naming the stage and the cause; then every engine already started is shut
+    down and nothing is written to ``out``. Engines are also shut down when
+    their stage is done.
     """
+    cfg.check()  # values first: before the device, the file system or vLLM
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     t_start = time.perf_counter()
-    if not cfg.multiprocess:
+    if cfg.multiprocess:  # explicit: also over an in-process run earlier in this process
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    else:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep the progress lines readable
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries only our result
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from omni_backends.probing import blame_import_failures
     from omni_backends.registry import select
 
     sel = select(cfg.device)  # cheap: no vendor stack imported yet
     say(f"device: {sel.name} ({sel.rule}): {sel.reason}")
-    if cfg.model_dir is None:
-        cfg.model_dir = default_model_dir()
-        if not os.path.isdir(cfg.model_dir):
-            from core.models.create import create_demo_models
+    with blame_import_failures():
+        if cfg.model_dir is None:
+            cfg.model_dir = default_model_dir()
+            if not os.path.isdir(cfg.model_dir):
+                from core.models.create import create_demo_models
 
-            say(f"creating demo models in {cfg.model_dir} (first run)")
-            create_demo_models(cfg.model_dir)
-    configs = validate(cfg, sel.backend)
-    sel.backend.check_vllm_platform()
+                say(f"creating demo models in {cfg.model_dir} (first run)")
+                create_demo_models(cfg.model_dir)
+        configs = validate(cfg, sel.backend)
+        sel.backend.check_vllm_platform()
     out = os.path.abspath(cfg.out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".omni-run-", dir=os.path.dirname(out))
     try:
-        summary = _run_stages(cfg, configs, staging, say)
+        with blame_import_failures():
+            summary = _run_stages(cfg, configs, staging, say)
         summary["device"] = {"selected": sel.name, "rule": sel.rule, "reason": sel.reason, "versions": sel.versions}
         summary["total_seconds"] = round(time.perf_counter() - t_start, 3)
         with open(os.path.join(staging, "summary.json"), "w") as f:
@@ -231,7 +289,154 @@ def run_pipeline(cfg: RunConfig, progress: Callable[[str], None] | None = None) 
     return summary
 
 
+def shutdown_engine(llm: Any) -> None:
+    """Shut down a ``vllm.LLM``'s engine core (its process, in multiprocess mode)
+    through ``LLMEngine.engine_core.shutdown()``; never raises."""
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception as exc:  # an engine that died already may fail to shut down: nothing left to release
+        print(f"omni-backends: warning: shutting down an engine failed: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+
+
+def _engine_process_fate(llm: Any) -> str | None:
+    """"engine process 123 was killed by signal SIGKILL" if an engine-core process
+    of ``llm`` has exited (multiprocess mode), else None."""
+    import signal
+
+    manager = getattr(getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "resources", None),
+                      "engine_manager", None)
+    for proc in getattr(manager, "processes", None) or ():
+        code = getattr(proc, "exitcode", None)
+        if code is None:
+            continue
+        if code < 0:
+            try:
+                how = f"was killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        else:
+            how = f"exited with status {code}"
+        return f"its engine process {proc.pid} {how}" + (" (out of host memory? the kernel's OOM killer sends "
+                                                           "SIGKILL)" if code == -signal.SIGKILL else "")
+    return None
+
+
+def _failure_cause(exc: BaseException, llm: Any) -> str:
+    """One line: why a stage failed (device out of memory, a dead engine process, the model's error)."""
+    chain: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and all(e is not c for c in chain):
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    root = chain[-1]
+
+    def line(x: BaseException) -> str:
+        text = str(x).strip().splitlines()
+        return f"{type(x).__name__}: {text[0][:300]}" if text else type(x).__name__
+
+    oom = next((x for x in chain if type(x).__name__ == "OutOfMemoryError" or "out of memory" in str(x).lower()), None)
+    if oom is not None:
+        return (f"the device ran out of memory ({line(oom)}); lower --max-tokens or free device memory "
+                f"(other processes on it)")
+    fate = _engine_process_fate(llm) if llm is not None else None
+    if fate:
+        return fate
+    if type(root).__name__ == "EngineDeadError" or "EngineCore" in str(root):
+        return f"its engine core died ({line(root)}); vLLM's log above has the engine's own error"
+    return f"the engine raised {line(root)}"
+
+
+def _watch_engine_process(llm: Any, stop: Any) -> None:
+    """Until ``stop`` is set: if an engine-core process of ``llm`` exits, wake the caller.
+
+    vLLM 0.32's ``SyncMPClient`` notices a dead engine process
+    (``MPClient.start_engine_core_monitor``) and shuts its output thread down
+    without telling a caller blocked in ``get_output()`` (``outputs_queue.get()``
+    with no timeout): ``LLM.generate`` would wait forever. This puts vLLM's
+    ``EngineDeadError`` on that queue, which ``get_output`` raises."""
+    client = llm.llm_engine.engine_core
+    while not stop.wait(0.5):
+        if _engine_process_fate(llm) is None:
+            continue
+        queue = getattr(client, "outputs_queue", None)
+        if queue is not None:
+            from vllm.v1.engine.exceptions import EngineDeadError
+
+            queue.put_nowait(EngineDeadError())
+        return
+
+
+class _Stages:
+    """The engines of one run: started, released when their stage is done, and all
+    released when a stage fails (then the failure is :class:`StageFailedError`).
+    In multiprocess mode a watchdog thread per engine turns a dead engine process
+    into an error instead of a hang (:func:`_watch_engine_process`)."""
+
+    def __init__(self) -> None:
+        self.engines: dict[str, Any] = {}
+        self.watchdogs: dict[str, Any] = {}
+
+    def start(self, stage: str, make: Callable[[], Any]) -> Any:
+        import threading
+
+        self.engines[stage] = None  # starting: a failure here is this stage's
+        llm = make()
+        self.engines[stage] = llm
+        if getattr(getattr(llm.llm_engine.engine_core, "resources", None), "engine_manager", None) is not None:
+            stop = threading.Event()
+            threading.Thread(target=_watch_engine_process, args=(llm, stop), daemon=True,
+                             name=f"omni-{stage}-engine-watchdog").start()
+            self.watchdogs[stage] = stop
+        return llm
+
+    def release(self, stage: str) -> None:
+        stop = self.watchdogs.pop(stage, None)
+        if stop is not None:
+            stop.set()
+        llm = self.engines.pop(stage, None)
+        if llm is not None:
+            shutdown_engine(llm)
+
+    def release_all(self) -> None:
+        for stage in list(self.engines):
+            self.release(stage)
+
+    @contextlib.contextmanager
+    def stage(self, stage: str) -> Any:
+        """Run one stage; any failure becomes :class:`StageFailedError` naming it
+        (a vendor import failure stays what it is), after releasing every engine."""
+        from omni_backends.errors import BadInputError, OmniBackendError, StageFailedError
+        from omni_backends.probing import vendor_import_error
+
+        try:
+            yield
+        except BaseException as exc:
+            llm = self.engines.get(stage)
+            self.release_all()
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            if isinstance(exc, OmniBackendError) and not isinstance(exc, BadInputError):
+                raise  # already says what is wrong (device, driver, vendor import)
+            blamed = vendor_import_error(exc)
+            if blamed is not None:
+                raise blamed from exc
+            when = "while starting its engine" if llm is None else "while running"
+            raise StageFailedError(f"stage {stage} failed {when}: {_failure_cause(exc, llm)}. No output was "
+                                   f"written.", stage=stage) from exc
+
+
 def _run_stages(cfg: RunConfig, configs: dict[str, dict[str, Any]], staging: str, say: Callable[[str], None]) -> dict[str, Any]:
+    """The three stages; every engine is shut down before this returns or raises."""
+    engines = _Stages()
+    try:
+        return _run_stages_on(engines, cfg, configs, staging, say)
+    finally:
+        engines.release_all()
+
+
+def _run_stages_on(engines: _Stages, cfg: RunConfig, configs: dict[str, dict[str, Any]], staging: str,
+                   say: Callable[[str], None]) -> dict[str, Any]:
     import torch
     from vllm import SamplingParams
 
@@ -243,14 +448,17 @@ def _run_stages(cfg: RunConfig, configs: dict[str, dict[str, Any]], staging: str
 
     # 1. thinker: text -> text tokens + per-token hidden states
     t0 = time.perf_counter()
-    say("[1/3] thinker: starting engine")
-    thinker = make_engine(os.path.join(md, "thinker"), kind=AR, device=cfg.device, max_model_len=THINKER_MAX_MODEL_LEN,
-                          seed=cfg.seed, **ENGINE_KW)
-    say(f"[1/3] thinker: generating up to {cfg.max_tokens} tokens")
-    params = SamplingParams(max_tokens=cfg.max_tokens, temperature=0.8, top_p=0.95, seed=cfg.seed)
-    (th,) = thinker.generate([cfg.prompt], params, use_tqdm=False)
-    hidden = th.multimodal_outputs["hidden"]
-    text = th.outputs[0].text
+    with engines.stage("thinker"):
+        say("[1/3] thinker: starting engine")
+        thinker = engines.start("thinker", lambda: make_engine(
+            os.path.join(md, "thinker"), kind=AR, device=cfg.device, max_model_len=THINKER_MAX_MODEL_LEN,
+            seed=cfg.seed, **ENGINE_KW))
+        say(f"[1/3] thinker: generating up to {cfg.max_tokens} tokens")
+        params = SamplingParams(max_tokens=cfg.max_tokens, temperature=0.8, top_p=0.95, seed=cfg.seed)
+        (th,) = thinker.generate([cfg.prompt], params, use_tqdm=False)
+        hidden = th.multimodal_outputs["hidden"]
+        text = th.outputs[0].text
+    engines.release("thinker")
     stages["thinker"] = {"prompt_tokens": len(th.prompt_token_ids), "generated_tokens": len(th.outputs[0].token_ids),
                          "hidden_states": list(hidden.shape), "seconds": round(time.perf_counter() - t0, 3)}
     with open(os.path.join(staging, "thinker.txt"), "w") as f:
@@ -259,17 +467,20 @@ def _run_stages(cfg: RunConfig, configs: dict[str, dict[str, Any]], staging: str
     # 2. talker: prompt_embeds from thinker hidden states + voice -> codec tokens (+ MTP residuals)
     t0 = time.perf_counter()
     n_frames = max(1, min(cfg.max_tokens * 2, TALKER_MAX_MODEL_LEN - hidden.shape[0]))
-    say(f"[2/3] talker: starting engine ({hidden.shape[0]} prompt embeddings, voice {cfg.voice})")
-    talker = make_engine(os.path.join(md, "talker"), kind=AR, device=cfg.device, max_model_len=TALKER_MAX_MODEL_LEN,
-                         skip_tokenizer_init=True, seed=cfg.seed, **ENGINE_KW)
-    say(f"[2/3] talker: generating {n_frames} codec frames")
-    payload = pack({"thinker_hidden": hidden, "voice": cfg.voice})
-    tparams = SamplingParams(max_tokens=n_frames, temperature=0.0, ignore_eos=True, detokenize=False,
-                             extra_args={EXTRA_ARGS_KEY: payload})
-    (tk,) = talker.generate([{"prompt_token_ids": [0] * hidden.shape[0]}], tparams, use_tqdm=False)
-    code0 = torch.tensor(tk.outputs[0].token_ids, dtype=torch.int64)[:, None]
-    codes = torch.cat([code0, tk.multimodal_outputs["residual_codes"].to(torch.int64)], dim=1)
-    mtp_mode = talker.collective_rpc("omni_state")[0]["mtp_mode"]
+    with engines.stage("talker"):
+        say(f"[2/3] talker: starting engine ({hidden.shape[0]} prompt embeddings, voice {cfg.voice})")
+        talker = engines.start("talker", lambda: make_engine(
+            os.path.join(md, "talker"), kind=AR, device=cfg.device, max_model_len=TALKER_MAX_MODEL_LEN,
+            skip_tokenizer_init=True, seed=cfg.seed, **ENGINE_KW))
+        say(f"[2/3] talker: generating {n_frames} codec frames")
+        payload = pack({"thinker_hidden": hidden, "voice": cfg.voice})
+        tparams = SamplingParams(max_tokens=n_frames, temperature=0.0, ignore_eos=True, detokenize=False,
+                                 extra_args={EXTRA_ARGS_KEY: payload})
+        (tk,) = talker.generate([{"prompt_token_ids": [0] * hidden.shape[0]}], tparams, use_tqdm=False)
+        code0 = torch.tensor(tk.outputs[0].token_ids, dtype=torch.int64)[:, None]
+        codes = torch.cat([code0, tk.multimodal_outputs["residual_codes"].to(torch.int64)], dim=1)
+        mtp_mode = talker.collective_rpc("omni_state")[0]["mtp_mode"]
+    engines.release("talker")
     stages["talker"] = {"prompt_embeds": hidden.shape[0], "generated_tokens": int(codes.shape[0]),
                         "codebooks": int(codes.shape[1]), "talker_mtp": mtp_mode,
                         "seconds": round(time.perf_counter() - t0, 3)}
@@ -278,13 +489,16 @@ def _run_stages(cfg: RunConfig, configs: dict[str, dict[str, Any]], staging: str
 
     # 3. code2wav: codes [T, K] -> waveform, one forward (generation runner)
     t0 = time.perf_counter()
-    say("[3/3] code2wav: starting engine")
-    c2w = make_engine(os.path.join(md, "code2wav"), kind=GENERATION, device=cfg.device,
-                      max_model_len=TALKER_MAX_MODEL_LEN, skip_tokenizer_init=True, seed=cfg.seed, **ENGINE_KW)
-    say(f"[3/3] code2wav: synthesising {codes.shape[0]} frames")
-    cparams = SamplingParams(max_tokens=1, detokenize=False, extra_args={EXTRA_ARGS_KEY: pack({"codes": codes})})
-    (cw,) = c2w.generate([{"prompt_token_ids": [0] * codes.shape[0]}], cparams, use_tqdm=False)
-    wav = cw.multimodal_outputs["waveform"]
+    with engines.stage("code2wav"):
+        say("[3/3] code2wav: starting engine")
+        c2w = engines.start("code2wav", lambda: make_engine(
+            os.path.join(md, "code2wav"), kind=GENERATION, device=cfg.device, max_model_len=TALKER_MAX_MODEL_LEN,
+            skip_tokenizer_init=True, seed=cfg.seed, **ENGINE_KW))
+        say(f"[3/3] code2wav: synthesising {codes.shape[0]} frames")
+        cparams = SamplingParams(max_tokens=1, detokenize=False, extra_args={EXTRA_ARGS_KEY: pack({"codes": codes})})
+        (cw,) = c2w.generate([{"prompt_token_ids": [0] * codes.shape[0]}], cparams, use_tqdm=False)
+        wav = cw.multimodal_outputs["waveform"]
+    engines.release("code2wav")
     sr = int(configs["code2wav"].get("sample_rate", 16000))
     _write_wav(os.path.join(staging, "out.wav"), wav, sr)
     stages["code2wav"] = {"frames": int(codes.shape[0]), "samples": int(wav.numel()), "sample_rate": sr,

@@ -15,11 +15,55 @@ import os
 import sys
 import textwrap
 import traceback
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
-from omni_backends.errors import DriverLoadError, OmniBackendError
+from omni_backends.errors import (
+    BadInputError,
+    DriverLoadError,
+    OmniBackendError,
+    StageFailedError,
+    UnknownDeviceError,
+    VendorImportError,
+)
 
 COMMANDS_NAMESPACE = "omni_backends.commands"
+
+#: Exit statuses every ``omni-backends`` command follows (README, "Exit statuses").
+EXIT_OK = 0
+#: the request is valid but this environment cannot serve it: the device is not usable here, no driver is,
+#: a driver or vendor package failed to import, vLLM resolved another platform
+EXIT_UNAVAILABLE = 1
+#: usage error: unknown command or option, an option value out of range, an unknown device name, bad input files
+EXIT_USAGE = 2
+#: a run failed after its engines started (a stage's worker died, ran out of memory, the model raised)
+EXIT_RUN_FAILED = 3
+EXIT_INTERRUPTED = 130
+
+EXIT_STATUS_HELP = """\
+exit status: 0 success; 1 this environment cannot do it (device not usable,
+no usable driver, a driver or vendor package fails to import); 2 usage error
+(bad option or value, unknown device name, bad input files); 3 a run failed
+after its engines started (nothing written); 130 interrupted.
+"""
+
+
+def exit_status(exc: BaseException) -> int:
+    """The exit status (see :data:`EXIT_STATUS_HELP`) for an error a command raised."""
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    if isinstance(exc, StageFailedError):
+        return EXIT_RUN_FAILED
+    if isinstance(exc, (UnknownDeviceError, BadInputError)) and not isinstance(exc, VendorImportError):
+        return EXIT_USAGE
+    return EXIT_UNAVAILABLE
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with this tool's error format: ``omni-backends: error: ...`` and status 2."""
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"omni-backends: error: {message} (see `{self.prog} --help`)\n")
 
 DESCRIPTION = """\
 omni-backends: one hardware backend layer for omni-modality model runners on vLLM.
@@ -29,8 +73,8 @@ registered under the entry-point group omni_backends.drivers) supplies what
 differs per device; one device-neutral omni runner does the rest.
 
 Device selection, first match wins:
-  1. --device NAME          (a driver name or alias, any case; 'auto' = rule 3)
-  2. OMNI_BACKENDS_DEVICE   (same values)
+  1. --device NAME          (a driver name or alias, any case; 'auto' or '' = rule 3)
+  2. OMNI_BACKENDS_DEVICE   (same values; empty = unset)
   3. auto-detect            the highest-priority *usable* driver; equal
                             priorities break by name; cpu is the default
 An explicit choice that cannot run here is an error that says why and what to
@@ -56,8 +100,9 @@ probe states, in order:
 """
 
 DEVICES_EPILOG = """\
-exit status: 0 if a driver would be selected, 1 if none would (the report
-says why), 2 on a usage error.
+exit status: 0 if a driver would be selected; 1 if none would, or the one
+named cannot run here (the report says why); 2 on a usage error (an unknown
+device name included).
 
 examples:
   omni-backends devices                  what is installed, what auto-detect picks
@@ -119,6 +164,10 @@ def render_devices_text(report: dict[str, Any]) -> str:
                 lines += _wrapped("fix", probe["fix"])
             if probe.get("error"):
                 lines += _wrapped("error", probe["error"].strip().splitlines()[-1])
+        for failure in d.get("vendor_import_errors") or ():
+            how = " (via torch's backend autoload)" if failure.get("autoload") else ""
+            where = f", {failure['distribution']} {failure.get('version')}" if failure.get("distribution") else ""
+            lines += _wrapped("vendor error", f"importing {failure.get('package')}{where}{how}: {failure.get('error')}")
             lines += _wrapped("versions", _fmt_versions(probe.get("versions", {})))
         ident = d.get("identity")
         if ident:
@@ -159,7 +208,13 @@ def _cmd_devices(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         print(render_devices_text(report))
-    return 0 if report["selection"].get("selected") else 1
+    sel = report["selection"]
+    if sel.get("selected"):
+        return EXIT_OK
+    import omni_backends.errors as errors
+
+    cls = getattr(errors, str(sel.get("error_type")), None)
+    return exit_status(cls("")) if isinstance(cls, type) and issubclass(cls, OmniBackendError) else EXIT_UNAVAILABLE
 
 
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
@@ -169,7 +224,7 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="NAME",
         help="driver to use: auto (default), cpu, cuda, npu (alias ascend), xpu, or an installed "
-        "out-of-tree driver; overrides OMNI_BACKENDS_DEVICE",
+        "out-of-tree driver; overrides OMNI_BACKENDS_DEVICE. An empty value means auto",
     )
 
 
@@ -204,8 +259,9 @@ def build_parser(plugins: bool = True) -> tuple[argparse.ArgumentParser, list[st
     With ``plugins`` the commands registered under ``omni_backends.commands``
     are added too (imports their modules); without, only the built-in ones.
     """
-    parser = argparse.ArgumentParser(
-        prog="omni-backends", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = _Parser(
+        prog="omni-backends", description=DESCRIPTION, epilog=EXIT_STATUS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser(
@@ -226,9 +282,14 @@ def build_parser(plugins: bool = True) -> tuple[argparse.ArgumentParser, list[st
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``omni-backends`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
 
-    0 success; 1 ``devices`` found no driver to select; 2 usage error or an
-    :class:`~omni_backends.errors.OmniBackendError` (printed as one line, after
-    the original traceback when a driver failed to import); 130 interrupted.
+    The status follows :data:`EXIT_STATUS_HELP` (:func:`exit_status`): 0 success;
+    1 the environment cannot do it; 2 usage error; 3 a run failed after its
+    engines started; 130 interrupted. An
+    :class:`~omni_backends.errors.OmniBackendError` is printed as one
+    ``omni-backends: error:`` line (after the original traceback when a driver
+    failed to import); any other exception whose cause is a package that raised
+    while being imported is reported as that package's failure
+    (:func:`omni_backends.probing.vendor_import_error`), never as the symptom.
     A command plugin that fails to load is a warning, never fatal; built-in
     commands (``devices``) load no command plugin at all.
     """
@@ -240,22 +301,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"omni-backends: warning: {e}", file=sys.stderr)
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
+        return EXIT_USAGE
     try:
         return int(args.func(args) or 0)
-    except OmniBackendError as exc:
-        if isinstance(exc, DriverLoadError) and exc.__cause__ is not None:
-            # the driver's own import error is what the user must fix: show where it happened
-            print("".join(traceback.format_exception(exc.__cause__)).rstrip(), file=sys.stderr)
-        print(f"omni-backends: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("omni-backends: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # e.g. `omni-backends devices --json | head`
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return 1
+        return EXIT_UNAVAILABLE
+    except Exception as exc:
+        from omni_backends.probing import vendor_import_error
+
+        # a package that raised while being imported is the cause, whatever symptom it produced
+        blamed = None if isinstance(exc, (VendorImportError, DriverLoadError)) else vendor_import_error(exc)
+        if blamed is None and not isinstance(exc, OmniBackendError):
+            raise
+        err = blamed or exc
+        if isinstance(err, DriverLoadError) and err.__cause__ is not None:
+            # the driver's own import error is what the user must fix: show where it happened
+            print("".join(traceback.format_exception(err.__cause__)).rstrip(), file=sys.stderr)
+        print(f"omni-backends: error: {err}", file=sys.stderr)
+        return exit_status(err)
 
 
 if __name__ == "__main__":  # pragma: no cover

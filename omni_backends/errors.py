@@ -47,3 +47,26 @@ class PlatformMismatchError(OmniBackendError):
 
 class BadInputError(OmniBackendError, ValueError):
     """A user-supplied value (prompt, voice id, model dir, ...) is invalid."""
+
+
+class VendorImportError(OmniBackendError):
+    """A vendor package raised while being imported, reached through another
+    package (torch's device-backend autoload, transformers' availability checks).
+
+    ``package`` is its top-level module, ``distribution`` its distribution (or
+    ``None``); the original exception is chained (``__cause__``).
+    """
+
+    def __init__(self, message: str, package: str | None = None, distribution: str | None = None):
+        super().__init__(message)
+        self.package = package
+        self.distribution = distribution
+
+
+class StageFailedError(OmniBackendError):
+    """A pipeline stage failed after its engine started (worker died, out of
+    memory, the model raised). ``stage`` names it; nothing was written."""
+
+    def __init__(self, message: str, stage: str | None = None):
+        super().__init__(message)
+        self.stage = stage

@@ -24,7 +24,17 @@ Selection precedence (first that applies decides):
    imports but sees no device is not usable.
 
 Names and aliases are case-insensitive (``ascend`` = ``npu``). ``auto`` as
-an explicit name means rule 3 (and overrides the variable). The selection is
+an explicit name means rule 3 (and overrides the variable); so does an empty
+or blank explicit name (``--device ""``), and an empty or blank variable is
+the same as an unset one: empty means auto everywhere.
+
+Packaging metadata is read as it is found in the wild
+(:mod:`omni_backends.entry_points`): every ``.dist-info`` / ``.egg-info``
+record on ``sys.path``, so a stale egg-info never shadows the installed
+dist-info and records that disagree are refused naming each path; a
+stevedore cache whose targets differ from the installed metadata is
+bypassed; an entry point whose class's ``name`` differs from it is refused
+naming both. The selection is
 made once per process under a lock; later calls from any thread return the
 same result and driver instance, a call asking for a different driver
 raises, and a call from inside a selection (a driver's probe or constructor)
@@ -78,10 +88,13 @@ class DriverEntry:
     load_traceback: str | None = None
     duplicate_of: list[str] = dataclasses.field(default_factory=list)
     incompatible: str | None = None
+    #: the distribution's metadata records on sys.path disagree (see omni_backends.entry_points)
+    conflict: str | None = None
 
     @property
     def loaded(self) -> bool:
-        return self.cls is not None and self.load_error is None and not self.duplicate_of and not self.incompatible
+        return (self.cls is not None and self.load_error is None and not self.duplicate_of and not self.incompatible
+                and not self.conflict)
 
 
 @dataclasses.dataclass
@@ -156,21 +169,29 @@ class Selection:
 
 
 # --------------------------------------------------------------- discovery
-def _entry_points_with_dists() -> dict[str, list[tuple[str, str | None]]]:
-    """name -> [(entry-point value, distribution name)] straight from importlib.metadata."""
+def _entry_points_with_dists(records: Any = None) -> dict[str, list[tuple[str, str | None]]]:
+    """name -> [(entry-point value, distribution name)] from every metadata record
+    (:func:`omni_backends.entry_points.driver_records`: a stale ``.egg-info`` never
+    shadows the installed ``.dist-info``)."""
+    from omni_backends.entry_points import driver_records
+
+    records = records if records is not None else driver_records(NAMESPACE)
     out: dict[str, list[tuple[str, str | None]]] = {}
-    for ep in importlib.metadata.entry_points(group=NAMESPACE):
-        dist = ep.dist.name if getattr(ep, "dist", None) is not None else None
-        targets = out.setdefault(ep.name, [])
-        if (ep.value, dist) not in targets:
-            targets.append((ep.value, dist))
+    for name, found in records.entry_points.items():
+        targets = out.setdefault(name, [])
+        for ep, dist in found:
+            if (ep.value, dist) not in targets:
+                targets.append((ep.value, dist))
     return out
 
 
-def _load_direct(eps: Any, failures: dict[str, tuple[BaseException, str]]) -> dict[str, Any]:
+def _load_direct(eps: Any, failures: dict[str, tuple[BaseException, str]],
+                 values: dict[str, str] | None = None) -> dict[str, Any]:
     """Load entry points with ``EntryPoint.load()``; failures are recorded, never swallowed."""
     plugins: dict[str, Any] = {}
     for ep in eps:
+        if values is not None:
+            values[ep.name] = ep.value
         try:
             plugins[ep.name] = ep.load()
         except Exception as exc:  # recorded with its traceback
@@ -179,11 +200,12 @@ def _load_direct(eps: Any, failures: dict[str, tuple[BaseException, str]]) -> di
 
 
 def load_plugins(
-    failures: dict[str, tuple[BaseException, str]], namespace: str = NAMESPACE
+    failures: dict[str, tuple[BaseException, str]], namespace: str = NAMESPACE, values: dict[str, str] | None = None
 ) -> tuple[dict[str, Any], str | None]:
     """Load every entry point of ``namespace`` through stevedore; returns ``({name: plugin}, problem or None)``.
 
-    Load failures go into ``failures`` (name -> (exception, formatted traceback)).
+    Load failures go into ``failures`` (name -> (exception, formatted traceback));
+    ``values``, if given, receives the target (``module:attr``) each name was loaded from.
 
     stevedore reads entry points through its on-disk cache
     (``$XDG_CACHE_HOME/python-entrypoints``; never written for interpreters
@@ -196,6 +218,8 @@ def load_plugins(
 
     def on_failure(_manager: Any, entry_point: Any, exc: BaseException) -> None:
         failures[entry_point.name] = (exc, traceback.format_exc())
+        if values is not None:
+            values[entry_point.name] = entry_point.value
 
     try:
         mgr = ExtensionManager(
@@ -204,6 +228,8 @@ def load_plugins(
             on_load_failure_callback=on_failure,
             propagate_map_exceptions=True,
         )
+        if values is not None:
+            values.update({ext.name: ext.entry_point.value for ext in mgr.extensions})
         return {ext.name: ext.plugin for ext in mgr.extensions}, None
     except Exception as exc:  # corrupt cache contents stevedore cannot parse, or a driver raising AssertionError
         problem = (
@@ -213,7 +239,7 @@ def load_plugins(
         )
         log.warning(problem)
         failures.clear()
-        return _load_direct(importlib.metadata.entry_points(group=namespace), failures), problem
+        return _load_direct(importlib.metadata.entry_points(group=namespace), failures, values), problem
 
 
 def _stevedore_cache_dir() -> str:
@@ -225,8 +251,12 @@ def _stevedore_cache_dir() -> str:
         return "~/.cache/python-entrypoints"
 
 
-def _interface_problem(plugin: Any, value: str, dists: list[str]) -> str | None:
-    """Why a loaded entry-point object is not a usable driver class, or None."""
+def _interface_problem(plugin: Any, value: str, dists: list[str], name: str | None = None) -> str | None:
+    """Why a loaded entry-point object is not a usable driver class, or None.
+
+    With ``name`` (the entry point's name) a class whose ``name`` differs
+    (case-insensitively) is refused naming both: ``--device`` values, reports
+    and worker processes all use one name per driver."""
     if not (isinstance(plugin, type) and issubclass(plugin, Backend)):
         return f"entry point {value!r} is not a Backend subclass (got {plugin!r}); fix the distribution {', '.join(dists)}"
     identity = {"name": str, "device_type": str, "dist_backend": str, "priority": int, "vllm_device_type": str}
@@ -238,6 +268,12 @@ def _interface_problem(plugin: Any, value: str, dists: list[str]) -> str | None:
         return (
             f"driver class {plugin.__qualname__} lacks a valid identity: {', '.join(bad)}; see "
             f"omni_backends.backend.Backend for the required class attributes. Fix the distribution {', '.join(dists)}"
+        )
+    if name is not None and plugin.name.strip().lower() != name.strip().lower():
+        return (
+            f"entry point {name!r} ({value}) loads driver class {plugin.__qualname__} whose name is {plugin.name!r}; "
+            f"a driver's entry-point name must equal its class's name. Fix the distribution {', '.join(dists)} "
+            f"(register it as {plugin.name} = {value}), or delete {_stevedore_cache_dir()} if its cache is stale"
         )
     versions = getattr(plugin, "interface_versions", ())
     if not (isinstance(versions, (tuple, list)) and all(isinstance(v, int) for v in versions)):
@@ -260,18 +296,39 @@ def discover() -> tuple[dict[str, DriverEntry], list[str]]:
     Returns ``(entries by name, notes)``. Load failures, duplicate names and
     incompatible interface versions are recorded on the entries, not raised.
     ``importlib.metadata`` is the source of truth for which drivers are
-    installed: a driver stevedore's (stale) cache does not list is loaded
-    directly, a cached one no distribution declares is ignored, and a note
-    says so.
+    installed: a driver stevedore's (stale) cache does not list, or maps to
+    another target than the installed metadata, is loaded directly, a cached
+    one no distribution declares is ignored, and a note says so. Every
+    metadata record on ``sys.path`` is read (:mod:`omni_backends.entry_points`):
+    a stale ``.egg-info`` next to the installed ``.dist-info`` is ignored with
+    a note; records that disagree otherwise are refused, naming each path.
     """
-    notes: list[str] = []
-    declared = _entry_points_with_dists()
+    from omni_backends.entry_points import driver_records
+
+    records = driver_records(NAMESPACE)
+    notes: list[str] = list(records.notes)
+    declared = _entry_points_with_dists(records)
     failures: dict[str, tuple[BaseException, str]] = {}
-    loaded, cache_problem = load_plugins(failures)
+    values: dict[str, str] = {}
+    loaded, cache_problem = load_plugins(failures, values=values)
     if cache_problem:
         notes.append(cache_problem)
     missing = [n for n in declared if n not in loaded and n not in failures]
-    phantom = sorted(n for n in {*loaded, *failures} if n not in declared)
+    phantom = sorted(n for n in {*loaded, *failures} if n not in declared and n not in records.conflicts)
+    # loaded from another target than the one metadata record chosen declares: stevedore's cache with wrong or
+    # swapped targets, or stevedore reading the stale record
+    retarget = sorted(n for n, targets in declared.items()
+                      if len(targets) == 1 and n in values and values[n] != targets[0][0])
+    if retarget:
+        notes.append(
+            "stevedore's entry-point cache (or a stale metadata record) points driver(s) elsewhere than the installed "
+            "metadata: " + "; ".join(f"{n} = {values[n]} (installed: {declared[n][0][0]})" for n in retarget)
+            + f"; loaded the installed targets. Delete {_stevedore_cache_dir()} to refresh the cache."
+        )
+        for name in retarget:
+            loaded.pop(name, None)
+            failures.pop(name, None)
+        loaded.update(_load_direct([ep for n in retarget for ep, _ in records.entry_points[n]], failures))
     if missing or phantom:
         notes.append(
             "stevedore's entry-point cache is stale ("
@@ -288,10 +345,14 @@ def discover() -> tuple[dict[str, DriverEntry], list[str]]:
         for name in phantom:
             loaded.pop(name, None)
             failures.pop(name, None)
-        eps = [ep for ep in importlib.metadata.entry_points(group=NAMESPACE) if ep.name in missing]
+        eps = [ep for n in missing for ep, _ in records.entry_points[n]]
         loaded.update(_load_direct(eps, failures))
 
     entries: dict[str, DriverEntry] = {}
+    for name, conflict in records.conflicts.items():
+        if name not in declared:
+            entries[name] = DriverEntry(name=name, value="?", distribution=conflict.split(" has ")[0].removeprefix(
+                "distribution "), conflict=conflict)
     for name, targets in declared.items():
         value, dist = targets[0]
         dists = sorted({d or "?" for _, d in targets})
@@ -304,7 +365,7 @@ def discover() -> tuple[dict[str, DriverEntry], list[str]]:
             entry.load_error, entry.load_traceback = failures[name]
         elif name in loaded:
             plugin = loaded[name]
-            entry.incompatible = _interface_problem(plugin, value, dists)
+            entry.incompatible = _interface_problem(plugin, value, dists, name)
             if entry.incompatible is None:
                 entry.cls = plugin
         entries[name] = entry
@@ -313,6 +374,8 @@ def discover() -> tuple[dict[str, DriverEntry], list[str]]:
 
 def problem_of(entry: DriverEntry) -> str | None:
     """One sentence on why a discovered driver cannot be used at all, or None."""
+    if entry.conflict:
+        return entry.conflict
     if entry.duplicate_of:
         return (
             f"driver name {entry.name!r} is registered by more than one distribution: "
@@ -410,6 +473,8 @@ def _candidates(entries: dict[str, DriverEntry]) -> list[Candidate]:
 
 
 def _raise_for_entry(entry: DriverEntry) -> None:
+    if entry.conflict:
+        raise DuplicateDriverError(f"driver {entry.name!r}: {entry.conflict}")
     if entry.duplicate_of:
         raise DuplicateDriverError(problem_of(entry))
     if entry.load_error is not None:
@@ -425,8 +490,10 @@ def _requested(device: str | None, env: Mapping[str, str], entries: dict[str, Dr
                notes: list[str]) -> tuple[str, str | None, str]:
     """Apply the precedence; returns ``(rule, requested name or None for auto, source)``."""
     env_value = (env.get(ENV_DEVICE) or "").strip()
-    env_set = bool(env_value) and env_value.lower() != AUTO
-    if device is not None and device.strip():
+    env_set = bool(env_value) and env_value.lower() != AUTO  # empty or blank = auto, like unset
+    if device is not None:
+        if not device.strip():  # an empty --device "" means auto, like --device auto
+            device = AUTO
         if env_set and not _same_driver(device, env_value, entries):
             notes.append(f"{flag_name}={device.strip()} overrides {ENV_DEVICE}={env_value}")
         if device.strip().lower() == AUTO:
@@ -464,10 +531,14 @@ def _decide(
         typed = requested.strip().lower()
         shown = f"{name!r} (given as {typed!r})" if typed != name else repr(name)
         if not probe.usable:
+            from omni_backends.probing import describe_import_failure, vendor_import_failures
+
+            broken = vendor_import_failures({name: entries[name].cls.vendor_requirements}).get(name, [])
             raise DeviceNotUsableError(
                 f"device {shown} was requested ({rule}) but is not usable here: {probe.reason.rstrip('.')}."
                 + (f" To fix: {probe.fix}." if probe.fix else "")
                 + (f" Error: {probe.error.strip().splitlines()[-1]}" if probe.error else "")
+                + "".join(f" Its vendor stack fails to import: {describe_import_failure(b)}." for b in broken)
                 + f" Or choose another device (`omni-backends devices` lists them).",
                 probe=probe,
             )
@@ -661,12 +732,21 @@ def devices_report(device: str | None = None, *, env: Mapping[str, str] | None =
     the candidates (they are ``drivers``), or ``{"selected": None, "error": ...}``.
     Never binds a driver and imports no vendor stack.
     """
+    from omni_backends.probing import describe_import_failure, vendor_import_failures
+
     entries, notes = discover()
     candidates = _candidates(entries)
+    # the vendor's own error for installed vendor packages of drivers that are not usable (a subprocess,
+    # only when there are such packages): a broken torch_npu is shown as what it is
+    broken = vendor_import_failures({c.name: entries[c.name].cls.vendor_requirements for c in candidates
+                                     if c.probe is not None and not c.probe.usable and entries[c.name].cls is not None})
+    for failure in {b.get("package"): b for fails in broken.values() for b in fails if b.get("autoload")}.values():
+        notes = [*notes, f"`import torch` fails for every driver: {describe_import_failure(failure)}"]
     out: dict[str, Any] = {"interface_version": INTERFACE_VERSION, "notes": notes, "drivers": []}
     for c in candidates:
         d = c.to_json()
         e = entries[c.name]
+        d["vendor_import_errors"] = broken.get(c.name, [])
         if e.cls is not None:
             d["identity"] = e.cls.identity()
             d["capabilities"], d["capabilities_skipped"] = cheap_capabilities(e.cls)
@@ -678,7 +758,7 @@ def devices_report(device: str | None = None, *, env: Mapping[str, str] | None =
         out["selection"] = sel.to_json()
         del out["selection"]["candidates"]
     except OmniBackendError as exc:
-        out["selection"] = {"selected": None, "error": f"{type(exc).__name__}: {exc}"}
+        out["selection"] = {"selected": None, "error": f"{type(exc).__name__}: {exc}", "error_type": type(exc).__name__}
         if isinstance(exc, DriverLoadError) and exc.__cause__ is not None:
             out["selection"]["traceback"] = "".join(traceback.format_exception(exc.__cause__))
     return out

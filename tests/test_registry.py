@@ -141,7 +141,7 @@ def test_unknown_name_lists_installed_names(tmp_path, cache_home):
     assert err.startswith("UnknownDeviceError") and "'tpu'" in err
     for name in ("cpu", "cuda", "npu", "xpu", "usable-low", "ascend (= npu)"):
         assert name in err, name
-    assert rep["_returncode"] == 1
+    assert rep["_returncode"] == 2  # an unknown name is a usage error, as for `run`
 
 
 @pytest.mark.parametrize("typed", ["ascend", "ASCEND", " Ascend ", "NPU"])
@@ -197,7 +197,7 @@ def test_env_variable_invalid_is_an_error_naming_the_variable(tmp_path, cache_ho
     rep = devices_json(site, cache_home, extra_env={"OMNI_BACKENDS_DEVICE": "gpu0"})
     err = rep["selection"]["error"]
     assert err.startswith("UnknownDeviceError") and "'gpu0'" in err and "OMNI_BACKENDS_DEVICE" in err
-    assert rep["_returncode"] == 1
+    assert rep["_returncode"] == 2  # an unknown name is a usage error (README, exit statuses)
 
 
 def test_flag_wins_over_env_and_report_says_so(tmp_path, cache_home):

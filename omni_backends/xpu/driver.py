@@ -83,14 +83,26 @@ IPEX = VendorSymbol("intel_extension_for_pytorch", "", dist="intel-extension-for
 
 
 def xpu_graphs_supported() -> bool:
-    """True when this torch can capture XPU graphs: vLLM's ``supports_xpu_graph()``
-    (torch >= 2.11), ``torch.xpu.XPUGraph`` exists and ``torch.xpu.is_available()``
-    (a torch without an XPU build still has ``torch.xpu.XPUGraph``, as a stub
-    that raises when instantiated)."""
+    """True when this torch can capture XPU graphs: ``torch.xpu.XPUGraph`` exists,
+    ``torch.xpu.is_available()`` (a torch without an XPU build still has
+    ``torch.xpu.XPUGraph``, as a stub that raises when instantiated), and vLLM's
+    ``supports_xpu_graph()`` (torch >= 2.11).
+
+    Imports no vLLM (``capabilities()`` must not): vLLM's gate is asked only
+    when vLLM is already imported; otherwise the same comparison it makes
+    (``is_torch_equal_or_newer("2.11.0.dev")``) is made on ``torch.__version__``.
+    """
+    import sys
+
     import torch
+    from packaging.version import Version
 
     txpu = getattr(torch, "xpu", None)
-    return bool(SUPPORTS_XPU_GRAPH.resolve()()) and hasattr(txpu, "XPUGraph") and bool(txpu.is_available())
+    if not (hasattr(txpu, "XPUGraph") and bool(txpu.is_available())):
+        return False
+    if "vllm" in sys.modules:
+        return bool(SUPPORTS_XPU_GRAPH.resolve()())
+    return Version(torch.__version__) >= Version("2.11.0.dev")
 
 
 def ipex_status(versions: dict[str, str | None] | None = None) -> tuple[bool, str]:

@@ -52,7 +52,8 @@ def make_site(root: Path, dists: Mapping[str, Mapping[str, str]],
 def env_for(site: Path, cache_home: Path | str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """A clean environment: the site + fake modules on PYTHONPATH, a private stevedore cache."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMNI_BACKENDS_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(site), str(MODULES)])
+    # an inherited PYTHONPATH (a worktree under test) comes after the fakes
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(MODULES), *filter(None, [os.environ.get("PYTHONPATH")])])
     env["XDG_CACHE_HOME"] = str(cache_home)
     env.update(extra or {})
     return env
