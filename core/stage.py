@@ -25,9 +25,13 @@ def prepare_device(device: str | None = None) -> Selection:
 
     Raises the registry's errors (unknown / not usable device) before vLLM is
     imported, and :class:`~omni_backends.errors.PlatformMismatchError` if vLLM
-    resolves another platform.
+    resolves another platform. Keeps vLLM-Omni's vLLM plugin out of every
+    process the engine starts (``VLLM_PLUGINS``, :func:`core.models.vllm_omni.keep_plugin_out`).
     """
+    from core.models.vllm_omni import keep_plugin_out
+
     sel = select(device)
+    keep_plugin_out()
     sel.backend.check_vllm_platform()
     return sel
 

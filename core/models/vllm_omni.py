@@ -1,0 +1,241 @@
+"""Load vLLM-Omni's own model modules without vLLM-Omni's global patches.
+
+``import vllm_omni`` runs its ``__init__``, which imports ``patch.py``: that
+replaces vLLM's ``Request``, ``EngineCoreRequest``, ``EngineCoreOutput(s)``,
+``TokensPrompt`` and ``MRotaryEmbedding`` in every loaded vLLM module. The
+wheel also registers a ``vllm.general_plugins`` entry point
+(``vllm_omni_register_models``) that vLLM would load in every process. The
+core runner serves vLLM-Omni's *models*; it must not let that package alter
+the process. So:
+
+- :func:`load_module` imports ``vllm_omni.<name>`` under a bare ``vllm_omni``
+  package object (its ``__path__`` only, so ``__init__``/``patch.py`` never
+  run; the sub-packages' own ``__init__`` files do run, and none patches
+  vLLM: ``tests/core/test_vllm_omni_loader.py`` checks vLLM's classes are the
+  same objects afterwards);
+- :func:`plugin_allowlist` / :func:`keep_plugin_out` set ``VLLM_PLUGINS`` to
+  every installed vLLM plugin *except* vLLM-Omni's (vLLM honours the variable
+  in every process it starts, ``vllm.plugins.load_plugins_by_group``);
+- vLLM-Omni's model code asks ``vllm_omni.platforms.current_omni_platform``
+  about the device (e.g. ``supports_torch_inductor()``, which raises on its
+  ``UnspecifiedOmniPlatform``, the one it picks on a CPU host). The loader
+  installs :class:`HostOmniPlatform`, answered from the selected
+  :class:`~omni_backends.backend.Backend` instead of vLLM-Omni's own
+  pynvml / torch-npu detection;
+- ``torchaudio``: the talker's ``vllm_omni.utils.audio`` imports
+  ``torchaudio.functional.melscale_fbanks`` at module level (a mel filter bank
+  for reference-audio speaker embeddings, used only by the ``Base`` voice-clone
+  task). The CPU stack has no torchaudio (no build exists for torch 2.13), so
+  when it is missing the loader puts a one-function stub in ``sys.modules``
+  for the duration of the import only; calling it raises
+  :class:`NotImplementedError` naming the fix. ``CustomVoice`` and
+  ``VoiceDesign`` requests never call it.
+
+Nothing of vLLM-Omni is vendored: it is installed from PyPI
+(``vllm-omni==0.30.0 --no-deps``, ``scripts/setup.sh test``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import sys
+import threading
+import types
+from typing import Any, Iterator, MutableMapping
+
+DISTRIBUTION = "vllm-omni"
+PACKAGE = "vllm_omni"
+#: the vLLM plugin groups whose entry points VLLM_PLUGINS filters
+PLUGIN_GROUPS = ("vllm.general_plugins", "vllm.platform_plugins", "vllm.io_processor_plugins",
+                 "vllm.stat_logger_plugins")
+
+_lock = threading.RLock()
+
+
+class VllmOmniNotInstalled(ImportError):
+    """vLLM-Omni's wheel is not installed (``pip install --no-deps vllm-omni==0.30.0``)."""
+
+
+def installed_version() -> str | None:
+    """The installed ``vllm-omni`` distribution's version, or None."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+# ------------------------------------------------------------------ plugins
+def _vllm_omni_entry_points() -> set[str]:
+    names = set()
+    for group in PLUGIN_GROUPS:
+        for ep in importlib.metadata.entry_points(group=group):
+            if ep.value.split(".", 1)[0].split(":", 1)[0] == PACKAGE:
+                names.add(ep.name)
+    return names
+
+
+def plugin_allowlist() -> str | None:
+    """The ``VLLM_PLUGINS`` value that loads every installed vLLM plugin except
+    vLLM-Omni's (comma-separated entry-point names), or None when no vLLM-Omni
+    plugin is installed (nothing to keep out)."""
+    omni = _vllm_omni_entry_points()
+    if not omni:
+        return None
+    keep = sorted({ep.name for g in PLUGIN_GROUPS for ep in importlib.metadata.entry_points(group=g)} - omni)
+    return ",".join(keep)
+
+
+def keep_plugin_out(env: MutableMapping[str, str] | None = None) -> str | None:
+    """Set ``VLLM_PLUGINS`` in ``env`` (default ``os.environ``) so vLLM never
+    loads vLLM-Omni's plugin (which would import ``vllm_omni`` and run its
+    patches) in this process or the ones it starts. Call before vLLM loads
+    plugins (``core.stage.make_engine`` does). Returns the value now in effect.
+
+    Raises ``ValueError`` if ``VLLM_PLUGINS`` is already set and names a
+    vLLM-Omni plugin (remove it from the list)."""
+    env = os.environ if env is None else env
+    omni = _vllm_omni_entry_points()
+    current = env.get("VLLM_PLUGINS")
+    if current is not None:
+        named = omni & {p.strip() for p in current.split(",")}
+        if named:
+            raise ValueError(
+                f"VLLM_PLUGINS={current!r} loads vLLM-Omni's plugin(s) {sorted(named)}, which import vllm_omni and "
+                "patch vLLM's classes in every process; remove them from VLLM_PLUGINS (the core loads vLLM-Omni's "
+                "models itself, core.models.vllm_omni)"
+            )
+        return current
+    allow = plugin_allowlist()
+    if allow is not None:
+        env["VLLM_PLUGINS"] = allow
+    return allow
+
+
+# ------------------------------------------------------------------ platform
+def host_omni_platform(backend: Any) -> Any:
+    """A ``vllm_omni.platforms.interface.OmniPlatform`` for ``backend``.
+
+    vLLM-Omni's model code asks its platform ``is_npu()`` / ``is_xpu()`` /
+    ``is_cuda()`` (from the driver's torch device type),
+    ``supports_torch_inductor()`` (False: the host does not let a model
+    torch.compile its inner modules on its own; graphs go through the
+    Backend), ``supports_talker_mtp_graph_capture()`` (the driver's
+    ``capabilities().talker_mtp_graph``) and ``synchronize()``
+    (``Backend.synchronize``)."""
+    from vllm_omni.platforms.interface import OmniPlatformEnum, UnspecifiedOmniPlatform
+
+    try:  # vLLM-Omni names its platforms by torch device type; one it lacks (e.g. the CPU) is "unspecified"
+        enum = OmniPlatformEnum(backend.device_type)
+    except ValueError:
+        enum = OmniPlatformEnum.UNSPECIFIED
+    mtp_graph = bool(backend.capabilities().talker_mtp_graph)
+
+    class HostOmniPlatform(UnspecifiedOmniPlatform):
+        _omni_enum = enum
+        device_type = backend.device_type
+
+        @classmethod
+        def supports_torch_inductor(cls) -> bool:
+            return False
+
+        @classmethod
+        def supports_talker_mtp_graph_capture(cls) -> bool:
+            return mtp_graph
+
+        @classmethod
+        def synchronize(cls) -> None:
+            backend.synchronize()
+
+    HostOmniPlatform.__qualname__ = HostOmniPlatform.__name__ = f"HostOmniPlatform[{backend.name}]"
+    return HostOmniPlatform()
+
+
+# ------------------------------------------------------------------ torchaudio
+def _melscale_fbanks_unavailable(*args: Any, **kwargs: Any) -> Any:
+    raise NotImplementedError(
+        "torchaudio.functional.melscale_fbanks is not installed: vLLM-Omni needs it for mel features of reference "
+        "audio (Qwen3-TTS 'Base' voice cloning). Install a torchaudio build matching your torch, or use the "
+        "CustomVoice / VoiceDesign tasks, which never call it."
+    )
+
+
+@contextlib.contextmanager
+def _torchaudio_for_import() -> Iterator[None]:
+    """The real torchaudio if importable; else a stub module during the import only."""
+    if importlib.util.find_spec("torchaudio") is not None:
+        yield
+        return
+    stub = types.ModuleType("torchaudio")
+    functional = types.ModuleType("torchaudio.functional")
+    functional.melscale_fbanks = _melscale_fbanks_unavailable  # type: ignore[attr-defined]
+    stub.functional = functional  # type: ignore[attr-defined]
+    stub.__omni_stub__ = True  # type: ignore[attr-defined]
+    saved = {k: sys.modules.get(k) for k in ("torchaudio", "torchaudio.functional")}
+    sys.modules["torchaudio"], sys.modules["torchaudio.functional"] = stub, functional
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+
+
+# ------------------------------------------------------------------ loader
+def _bare_package() -> types.ModuleType:
+    """``sys.modules['vllm_omni']`` as a bare package (``__init__`` not run).
+
+    Raises :class:`VllmOmniNotInstalled` when the wheel is missing and
+    ``RuntimeError`` when the real package was already imported (its patches
+    have run in this process: import order is the caller's bug)."""
+    mod = sys.modules.get(PACKAGE)
+    if mod is not None:
+        if not getattr(mod, "__omni_bare__", False):
+            raise RuntimeError(
+                "vllm_omni was imported normally in this process, so its patch.py already replaced vLLM classes; "
+                "load vLLM-Omni models only through core.models.vllm_omni and keep its plugin out (VLLM_PLUGINS)"
+            )
+        return mod
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise VllmOmniNotInstalled(
+            "vLLM-Omni is not installed; install its wheel without dependencies: "
+            "pip install --no-deps vllm-omni==0.30.0 soundfile prettytable (scripts/setup.sh test does)"
+        )
+    mod = types.ModuleType(PACKAGE, "vLLM-Omni, loaded bare by core.models.vllm_omni (no __init__, no patches)")
+    mod.__path__ = list(spec.submodule_search_locations)
+    mod.__file__ = spec.origin
+    mod.__package__ = PACKAGE
+    mod.__omni_bare__ = True  # type: ignore[attr-defined]
+    sys.modules[PACKAGE] = mod
+    return mod
+
+
+def load_module(name: str, backend: Any = None) -> types.ModuleType:
+    """Import ``vllm_omni.<name>`` without running ``vllm_omni/__init__``.
+
+    ``backend``: the driver whose :func:`host_omni_platform` vLLM-Omni's code
+    sees (default: the process's, ``omni_backends.registry.get_backend()``).
+    Raises :class:`VllmOmniNotInstalled` if the wheel is missing."""
+    with _lock:
+        _bare_package()
+        platforms = importlib.import_module(f"{PACKAGE}.platforms")
+        if platforms._current_omni_platform is None:
+            if backend is None:
+                from omni_backends.registry import get_backend
+
+                backend = get_backend()
+            platforms._current_omni_platform = host_omni_platform(backend)
+        with _torchaudio_for_import():
+            return importlib.import_module(f"{PACKAGE}.{name}")
+
+
+__all__ = [
+    "VllmOmniNotInstalled", "host_omni_platform", "installed_version", "keep_plugin_out", "load_module",
+    "plugin_allowlist",
+]
