@@ -20,12 +20,14 @@ V2 ``ModelState`` seam             omni hook
 ``remove_request``                 ``on_finished_requests`` (also preemption)
 ``prepare_inputs_embeds``          ``prepare_prefill_embeds`` (when vLLM builds
                                    ``inputs_embeds``: multimodal / prompt embeds)
-``prepare_inputs``                 ``prepare_prefill_embeds`` into a persistent
-                                   ``inputs_embeds`` buffer; ``build_extra_kwargs``
+``prepare_inputs``                 ``prepare_prefill_embeds`` and the model's
+                                   ``preprocess`` + talker MTP (decode rows) into a
+                                   persistent ``inputs_embeds`` buffer;
+                                   ``build_extra_kwargs``
 model forward hook                 ``core.model_io.ModelOutputAdapter``: every
                                    call returns the text hidden states
-``custom_sampler`` (wraps vLLM's)  ``process_model_output``, then after sampling
-                                   ``run_talker_mtp`` (static buffers)
+``custom_sampler`` (wraps vLLM's)  ``process_model_output`` (``postprocess``,
+                                   multimodal outputs) before sampling
 ``capture_inner_cudagraphs``       talker-MTP FULL graphs, one per capture size
                                    (or the runner's ``capture_model`` where vLLM
                                    never calls it: 0.26)
@@ -43,7 +45,7 @@ written in place: ``inputs_embeds`` ``[max_num_tokens, H]``; the model's text
 hidden states and per-token multimodal outputs ``[max_num_tokens, ...]``
 (copied by the adapter on every forward, so a replay refreshes them); the talker MTP's inputs ``[max_num_reqs, H]`` /
 ``[max_num_reqs]`` int64 and output ``[max_num_reqs, K-1]`` int64
-(:class:`StaticTalkerMTP`).
+(:class:`core.hooks.TalkerMTP`, width ``mtp_hidden_size``).
 
 What the state and runner seams rely on is declared in :mod:`core.seams`.
 
@@ -130,88 +132,7 @@ V2_SYMBOLS: tuple[VendorSymbol, ...] = (
 
 
 # ------------------------------------------------------------------ talker MTP
-class StaticTalkerMTP:
-    """The talker MTP head on persistent buffers, for FULL graphs.
-
-    ``mtp(hidden [p, H], code0 [p] int64) -> [p, K-1] int64`` is called on
-    slices ``[:p]`` of buffers allocated once: ``hidden`` ``[max_num_reqs, H]``
-    (``dtype``), ``code0`` ``[max_num_reqs]`` int64 and, from the first result,
-    ``out`` ``[max_num_reqs, K-1]``. With ``sizes`` (graph mode), ``p`` is the
-    smallest size >= the rows given and rows past them are zeroed, so every
-    call for one ``p`` reads and writes the same addresses: a graph captured by
-    ``Backend.wrap_graph`` for ``p`` stays valid. ``context(p)`` is entered
-    around the call (the forward context that selects the graph for ``p``).
-
-    Calling it returns a new tensor ``[n, K-1]`` (a copy of ``out[:n]``, so
-    what the hooks store is never overwritten by the next step). Raises
-    ``ValueError`` for more rows than ``max_num_reqs``.
-    """
-
-    def __init__(
-        self,
-        mtp: Callable[[Any, Any], Any],
-        max_num_reqs: int,
-        hidden_size: int,
-        dtype: Any,
-        device: Any,
-        sizes: list[int] | None = None,
-        context: Callable[[int], ContextManager[Any]] | None = None,
-    ) -> None:
-        import torch
-
-        self.mtp = mtp
-        self.max_num_reqs = max_num_reqs
-        self.sizes = sorted(set(sizes)) if sizes else None
-        if self.sizes and self.sizes[-1] < max_num_reqs:
-            raise ValueError(f"capture sizes {self.sizes} do not reach max_num_reqs={max_num_reqs}")
-        self.context = context
-        self.hidden = torch.zeros(max_num_reqs, hidden_size, dtype=dtype, device=device)
-        self.code0 = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
-        self.out: Any = None
-        #: graphs captured (one per size); replays after capture
-        self.captured = 0
-        self.replays = 0
-
-    def padded(self, n: int) -> int:
-        """Rows the head runs on for ``n`` requests: ``n`` eager, else the next capture size."""
-        if not self.sizes:
-            return n
-        return self.sizes[bisect.bisect_left(self.sizes, n)]
-
-    def _run(self, p: int) -> None:
-        with self.context(p) if self.context is not None else contextlib.nullcontext():
-            res = self.mtp(self.hidden[:p], self.code0[:p])
-        if self.out is None or self.out.shape[1:] != res.shape[1:]:
-            self.out = res.new_zeros((self.max_num_reqs, *res.shape[1:]))
-        self.out[:p].copy_(res)
-
-    def __call__(self, hidden_rows: Any, code0: Any) -> Any:
-        n = int(hidden_rows.shape[0])
-        if n > self.max_num_reqs:
-            raise ValueError(f"talker MTP got {n} rows but its buffers hold max_num_reqs={self.max_num_reqs}")
-        p = self.padded(n)
-        self.hidden[:n].copy_(hidden_rows)
-        self.code0[:n].copy_(code0)
-        if p > n:
-            self.hidden[n:p].zero_()
-            self.code0[n:p].zero_()
-        self._run(p)
-        if self.captured:
-            self.replays += 1
-        return self.out[:n].clone()
-
-    def capture(self) -> int:
-        """Run the head once per capture size, largest first (the graph wrapper
-        captures on a size's first call). Returns the number of sizes."""
-        for p in reversed(self.sizes or []):
-            self.hidden[:p].zero_()
-            self.code0[:p].zero_()
-            self._run(p)
-        self.captured = len(self.sizes or [])
-        return self.captured
-
-
-def capture_talker_mtp(mtp: StaticTalkerMTP | None, backend: Any, device: Any) -> int:
+def capture_talker_mtp(mtp: Any, backend: Any, device: Any) -> int:
     """Capture ``mtp``'s FULL graphs once (idempotent), inside the driver's
     graph-capture context (``Backend.graph_capture_context``: a side stream)
     with vLLM's capture switch on (``set_cudagraph_capturing_enabled``).
@@ -269,7 +190,7 @@ class OmniModelStateMixin:
         super().__init__(vllm_config, model, encoder_cache, device)  # type: ignore[call-arg]
         self.backend = get_backend()
         self.omni_hooks = OmniHooks(self.backend, self.omni_kind)
-        self.talker_mtp: StaticTalkerMTP | None = None
+        self.talker_mtp: Any = None  # core.hooks.TalkerMTP
         self.omni_hooks.bind_model(model, vllm_config, mtp_runner=self._static_mtp)
         # vLLM's runner builds inputs_embeds itself for multimodal / prompt-embeds models.
         self.runner_builds_embeds = bool(self.supports_mm_inputs or self.model_config.enable_prompt_embeds)
@@ -283,20 +204,21 @@ class OmniModelStateMixin:
         self.keep_input_ids = bool(REQUIRES_RAW_INPUT_TOKENS.resolve()(model))
         self._pending: tuple[list[str], Any] | None = None  # (req_ids, BatchView) of this real step
         self._hidden: Any = None
+        self._kwargs: dict[str, Any] = {}
         # at the model: every call vLLM makes gets a tensor; outputs (and the hidden states, which the
         # sampler hook reads) land in persistent buffers a FULL-graph replay refreshes
         self.omni_io = ModelOutputAdapter(model, self.max_num_tokens, self.model_config.get_hidden_size(),
                                           self.dtype, keep_hidden=True)
 
     # ------------------------------------------------------------- talker MTP
-    def _static_mtp(self, mtp: Callable[[Any, Any], Any]) -> StaticTalkerMTP:
+    def _static_mtp(self, head: Callable[..., Any], eager: Callable[..., Any], hidden_size: int) -> Any:
+        """The talker MTP on persistent buffers ``[max_num_reqs, hidden_size]``
+        (``core.hooks.TalkerMTP``); graph mode: one FULL graph per capture size."""
+        from core.hooks import TalkerMTP
+
         graph = self.omni_hooks.mtp_mode == "graph"
-        self.talker_mtp = StaticTalkerMTP(
-            mtp,
-            self.max_num_reqs,
-            self.model_config.get_hidden_size(),
-            self.dtype,
-            self.device,
+        self.talker_mtp = TalkerMTP(
+            head, self.max_num_reqs, hidden_size, self.dtype, self.device, eager=eager,
             sizes=capture_sizes(self.max_num_reqs) if graph else None,
             context=self._mtp_graph_context if graph else None,
         )
@@ -312,10 +234,11 @@ class OmniModelStateMixin:
         capture_talker_mtp(self.talker_mtp, self.backend, self.device)
 
     def get_additional_cg_support(self) -> tuple[Any, str | None]:
-        """``AttentionCGSupport.NEVER`` for a model with ``accepts_omni_kwargs``:
-        its per-request kwargs are Python objects a FULL graph would freeze at
-        capture (vLLM then falls back to PIECEWISE). Otherwise vLLM's default."""
-        if getattr(self.model, "accepts_omni_kwargs", False):
+        """``AttentionCGSupport.NEVER`` for a model whose forward takes the
+        per-request omni kwargs (``model_intermediate_buffer``, ...): Python
+        objects a FULL graph would freeze at capture (vLLM then falls back to
+        PIECEWISE). Otherwise vLLM's default."""
+        if self.omni_hooks.contract.forward_kwargs({"model_intermediate_buffer": None}):
             return ATTENTION_CG_SUPPORT.resolve().NEVER, f"{type(self).__name__} (per-request omni model kwargs)"
         return super().get_additional_cg_support()  # type: ignore[misc]
 
@@ -381,10 +304,13 @@ class OmniModelStateMixin:
             embeds[:n].copy_(self.model.embed_input_ids(input_batch.input_ids[:n]))
             if batch is not None and hooks.needs_embeds(batch):
                 hooks.prepare_prefill_embeds(batch, embeds)
+                hooks.preprocess(batch, input_batch.input_ids[:n], embeds)  # vLLM-Omni's per-step preprocess + MTP
             kwargs["inputs_embeds"] = embeds
-            if not self.keep_input_ids:
+            if not self.keep_input_ids and not hooks.uses_preprocess:
                 kwargs["input_ids"] = None
-        kwargs.update(hooks.build_extra_kwargs(batch if batch is not None else self._dummy_view(input_batch)))
+        extra = hooks.build_extra_kwargs(batch if batch is not None else self._dummy_view(input_batch))
+        kwargs.update(extra)
+        self._kwargs = extra
         return kwargs
 
     def prepare_dummy_inputs(self, num_reqs: int, num_tokens: int) -> dict[str, Any]:
@@ -400,17 +326,17 @@ class OmniModelStateMixin:
 
     # ---------------------------------------------------------- model output
     def on_sampled(self, input_batch: Any, sampled_token_ids: Any | None) -> None:
-        """For a real batch: ``process_model_output`` on this step's output and
-        (with ``sampled_token_ids`` ``[num_reqs, 1]``) the talker MTP.
-        ``sampled_token_ids=None`` runs only the first (called before sampling)."""
+        """For a real batch, before sampling (``sampled_token_ids=None``):
+        ``process_model_output`` on this step's output (``postprocess``, multimodal
+        outputs); after sampling: the step's state is cleared (the talker MTP ran
+        before the forward, in ``prepare_inputs``)."""
         if self._pending is None or list(input_batch.req_ids[: input_batch.num_reqs]) != self._pending[0]:
             return  # a dummy sampler run
         batch = self._pending[1]
-        out = self.omni_io.take(int(input_batch.num_tokens_after_padding))
         if sampled_token_ids is None:
-            self._hidden = self.omni_hooks.process_model_output(out, batch)
+            out = self.omni_io.take(int(input_batch.num_tokens_after_padding))
+            self._hidden = self.omni_hooks.process_model_output(out, batch, self._kwargs)
             return
-        self.omni_hooks.run_talker_mtp(self._hidden, sampled_token_ids, batch)
         self._pending, self._hidden = None, None
 
     def custom_sampler(self, sampler: Any) -> tuple[Any, Any]:
@@ -512,6 +438,6 @@ def v2_runner_class(base: type, kind: str = AR) -> type:
 
 
 __all__ = [
-    "GENERATION", "OmniModelStateMixin", "capture_talker_mtp", "OmniSampler", "OmniV2RunnerMixin", "StaticTalkerMTP",
+    "GENERATION", "OmniModelStateMixin", "capture_talker_mtp", "OmniSampler", "OmniV2RunnerMixin",
     "V2_SYMBOLS", "model_state_cls", "v2_runner_class",
 ]

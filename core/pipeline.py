@@ -466,7 +466,7 @@ def _run_stages_on(engines: _Stages, cfg: RunConfig, configs: dict[str, dict[str
 
     # 2. talker: prompt_embeds from thinker hidden states + voice -> codec tokens (+ MTP residuals)
     t0 = time.perf_counter()
-    n_frames = max(1, min(cfg.max_tokens * 2, TALKER_MAX_MODEL_LEN - hidden.shape[0]))
+    n_frames = max(1, min(cfg.max_tokens * 2, TALKER_MAX_MODEL_LEN - hidden.shape[0] - 1))
     with engines.stage("talker"):
         say(f"[2/3] talker: starting engine ({hidden.shape[0]} prompt embeddings, voice {cfg.voice})")
         talker = engines.start("talker", lambda: make_engine(
@@ -474,11 +474,12 @@ def _run_stages_on(engines: _Stages, cfg: RunConfig, configs: dict[str, dict[str
             skip_tokenizer_init=True, seed=cfg.seed, **ENGINE_KW))
         say(f"[2/3] talker: generating {n_frames} codec frames")
         payload = pack({"thinker_hidden": hidden, "voice": cfg.voice})
-        tparams = SamplingParams(max_tokens=n_frames, temperature=0.0, ignore_eos=True, detokenize=False,
+        # one token more than frames: a frame is a token plus its MTP residuals, made at the next decode step
+        tparams = SamplingParams(max_tokens=n_frames + 1, temperature=0.0, ignore_eos=True, detokenize=False,
                                  extra_args={EXTRA_ARGS_KEY: payload})
         (tk,) = talker.generate([{"prompt_token_ids": [0] * hidden.shape[0]}], tparams, use_tqdm=False)
-        code0 = torch.tensor(tk.outputs[0].token_ids, dtype=torch.int64)[:, None]
-        codes = torch.cat([code0, tk.multimodal_outputs["residual_codes"].to(torch.int64)], dim=1)
+        codes = tk.multimodal_outputs["codes.audio"].to(torch.int64)
+        codes = codes[codes[:, 0] >= 0]  # prompt rows carry -1
         mtp_mode = talker.collective_rpc("omni_state")[0]["mtp_mode"]
     engines.release("talker")
     stages["talker"] = {"prompt_embeds": hidden.shape[0], "generated_tokens": int(codes.shape[0]),
@@ -497,7 +498,7 @@ def _run_stages_on(engines: _Stages, cfg: RunConfig, configs: dict[str, dict[str
         say(f"[3/3] code2wav: synthesising {codes.shape[0]} frames")
         cparams = SamplingParams(max_tokens=1, detokenize=False, extra_args={EXTRA_ARGS_KEY: pack({"codes": codes})})
         (cw,) = c2w.generate([{"prompt_token_ids": [0] * codes.shape[0]}], cparams, use_tqdm=False)
-        wav = cw.multimodal_outputs["waveform"]
+        wav = cw.multimodal_outputs["waveform"].reshape(-1)
     engines.release("code2wav")
     sr = int(configs["code2wav"].get("sample_rate", 16000))
     _write_wav(os.path.join(staging, "out.wav"), wav, sr)

@@ -8,13 +8,16 @@ CPU, XPU and Ascend V1 runners subclass) and calls :class:`~core.hooks.OmniHooks
 ==========================  ==============================================
 upstream seam               omni hook
 ==========================  ==============================================
-``load_model``              ``bind_model`` (MTP graph wrapping via Backend);
+``load_model``              ``bind_model`` (contract; MTP buffers, graph
+                            wrapping via Backend);
                             :class:`~core.model_io.ModelOutputAdapter` on the
                             model (every vLLM call of it gets a tensor)
 ``_update_states``          ``on_finished_requests``, ``on_new_requests``
-``_preprocess``             ``prepare_prefill_embeds``, ``build_extra_kwargs``
-``_model_forward``          ``process_model_output`` (adapter's outputs)
-``_sample``                 talker MTP once per sampled token
+``_preprocess``             model ``preprocess`` every step + talker MTP on
+                            decode rows (``preprocess``),
+                            ``prepare_prefill_embeds``, ``build_extra_kwargs``
+``_model_forward``          ``process_model_output`` (adapter's outputs;
+                            ``make_omni_output``, ``postprocess``)
 ``sample_tokens``           ``get_model_runner_output`` (OmniModelRunnerOutput,
                             async: ``core.model_io.omni_runner_output``)
 ==========================  ==============================================
@@ -27,6 +30,8 @@ from __future__ import annotations
 
 import functools
 from typing import Any
+
+import numpy as np
 
 from core.hooks import BatchView, OmniHooks
 from core.kinds import AR, KINDS
@@ -46,6 +51,7 @@ class OmniV1RunnerMixin:
         self.omni_hooks = OmniHooks(get_backend(), self.omni_kind)
         self._omni_batch: BatchView | None = None
         self._omni_hidden = None
+        self._omni_kwargs: dict[str, Any] | None = None
 
     # -------------------------------------------------------------- seams
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -59,20 +65,23 @@ class OmniV1RunnerMixin:
             self.get_model(), self.max_num_tokens, self.model_config.get_hidden_size(), self.dtype
         )
         limit_cudagraph_mode(self.vllm_config, self.get_model())  # before vLLM resolves it (KV-cache init)
-        self.omni_hooks.bind_model(self.get_model(), self.vllm_config, mtp_runner=self._omni_static_mtp)
+        self.omni_hooks.bind_model(self.get_model(), self.vllm_config, mtp_runner=self._omni_mtp_runner)
 
-    def _omni_static_mtp(self, head: Any) -> Any:
-        """Graph mode: run the (Backend-wrapped) MTP head on persistent buffers
-        under its FULL forward context, one graph per capture size
-        (:class:`core.model_state.StaticTalkerMTP`, shared with V2). Eager: unchanged."""
-        if self.omni_hooks.mtp_mode != "graph":
-            return head
-        from core.model_state import StaticTalkerMTP, mtp_graph_context
+    def _omni_mtp_runner(self, head: Any, eager: Any, hidden_size: int) -> Any:
+        """The talker MTP on persistent buffers ``[max_num_reqs, hidden_size]``;
+        graph mode: under its FULL forward context, one graph per capture size
+        (shared with V2, :class:`core.hooks.TalkerMTP`)."""
+        from core.hooks import TalkerMTP
 
-        self._omni_talker_mtp = StaticTalkerMTP(
-            head, self.max_num_reqs, self.model_config.get_hidden_size(), self.dtype, self.device,
-            sizes=capture_sizes(self.max_num_reqs),
-            context=functools.partial(mtp_graph_context, self.omni_hooks.backend, self.vllm_config),
+        graph = self.omni_hooks.mtp_mode == "graph"
+        context = None
+        if graph:
+            from core.model_state import mtp_graph_context
+
+            context = functools.partial(mtp_graph_context, self.omni_hooks.backend, self.vllm_config)
+        self._omni_talker_mtp = TalkerMTP(
+            head, self.max_num_reqs, hidden_size, self.dtype, self.device, eager=eager,
+            sizes=capture_sizes(self.max_num_reqs) if graph else None, context=context,
         )
         return self._omni_talker_mtp
 
@@ -91,11 +100,16 @@ class OmniV1RunnerMixin:
 
     def _batch_view(self) -> BatchView:
         n = self.input_batch.num_reqs
+        ids = list(self.input_batch.req_ids[:n])
+        reqs = [self.requests.get(r) for r in ids]
         return BatchView(
-            req_ids=list(self.input_batch.req_ids[:n]),
+            req_ids=ids,
             query_start_loc=self.query_start_loc.np[: n + 1].copy(),
             num_computed=self.input_batch.num_computed_tokens_cpu[:n].copy(),
             num_prompt=self.input_batch.num_prompt_tokens[:n].copy(),
+            num_output=np.array([len(r.output_token_ids) if r is not None else 0 for r in reqs], dtype=np.int64),
+            max_tokens=[getattr(r.sampling_params, "max_tokens", None) if r is not None else None for r in reqs],
+            seeds=[getattr(r.sampling_params, "seed", None) if r is not None else None for r in reqs],
         )
 
     def _preprocess(self, scheduler_output: Any, num_input_tokens: int, intermediate_tensors: Any = None) -> Any:
@@ -108,28 +122,30 @@ class OmniV1RunnerMixin:
         if inputs_embeds is None and hooks.needs_embeds(batch):
             inputs_embeds = self.inputs_embeds.gpu[:num_input_tokens]
             inputs_embeds.copy_(self.model.embed_input_ids(input_ids))
-            input_ids = None
+            if not hooks.uses_preprocess:
+                input_ids = None
         if inputs_embeds is not None:
             hooks.prepare_prefill_embeds(batch, inputs_embeds)
-        model_kwargs.update(hooks.build_extra_kwargs(batch))
+            if hooks.uses_preprocess:
+                ids = input_ids if input_ids is not None else self.input_ids.gpu[:num_input_tokens]
+                hooks.preprocess(batch, ids, inputs_embeds)
+        extra = {"sampling_metadata": self.input_batch.sampling_metadata, "sampler": self.sampler} \
+            if hooks.kind == AR else {}
+        model_kwargs.update(hooks.build_extra_kwargs(batch, **extra))
+        self._omni_kwargs = model_kwargs
         return input_ids, inputs_embeds, positions, intermediate_tensors, model_kwargs, ec_out
 
     def _model_forward(self, *args: Any, **kwargs: Any) -> Any:
         hidden = super()._model_forward(*args, **kwargs)  # a tensor: the adapter sits at the model
         if self._omni_batch is None or not hasattr(hidden, "shape"):  # dummy runs; intermediate tensors (PP)
             return hidden
-        self._omni_hidden = self.omni_hooks.process_model_output(self._omni_io.take(hidden), self._omni_batch)
-        return self._omni_hidden
-
-    def _sample(self, logits: Any, spec_decode_metadata: Any) -> Any:
-        out = super()._sample(logits, spec_decode_metadata)
-        if self._omni_batch is not None and self._omni_hidden is not None:
-            self.omni_hooks.run_talker_mtp(self._omni_hidden, out.sampled_token_ids, self._omni_batch)
-        return out
+        self.omni_hooks.process_model_output(self._omni_io.take(hidden), self._omni_batch, self._omni_kwargs)
+        self._omni_hidden = hidden
+        return hidden
 
     def sample_tokens(self, grammar_output: Any) -> Any:
         out = super().sample_tokens(grammar_output)
-        self._omni_batch, self._omni_hidden = None, None
+        self._omni_batch, self._omni_hidden, self._omni_kwargs = None, None, None
         return omni_runner_output(out, self.omni_hooks)  # async outputs: a real AsyncModelRunnerOutput
 
 

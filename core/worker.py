@@ -69,7 +69,7 @@ class OmniWorkerMixin:
             ),
             "mtp_calls": dict(hooks.mtp_calls) if hooks else None,
             "mtp_mode": hooks.mtp_mode if hooks else None,
-            # talker-MTP graphs (core.model_state.StaticTalkerMTP): captured sizes and replays so far
+            # talker-MTP graphs (core.hooks.TalkerMTP): captured sizes and replays so far
             "mtp_graphs": getattr(_static_mtp(runner), "captured", 0),
             "mtp_replays": getattr(_static_mtp(runner), "replays", 0),
             "local_rank": getattr(self, "local_rank", None),

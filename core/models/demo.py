@@ -1,16 +1,21 @@
-"""The demo omni models, built from vLLM's Llama layers (attention, paged KV).
+"""The demo omni models, built from vLLM's Llama layers (attention, paged KV),
+written against vLLM-Omni's model contract (``core.hooks.contract``), the one
+the core speaks.
 
 - :class:`OmniDemoThinker`: text in -> text tokens; returns an
   :class:`~core.outputs.OmniOutput` whose ``multimodal_outputs["hidden"]`` is
   the per-token final hidden state ``[num_tokens, hidden]``.
-- :class:`OmniDemoTalker`: prompt = ``prompt_embeds`` projected from the
-  thinker's hidden states (``omni_preprocess``), plus a per-request voice
-  embedding added to every row (``runtime_additional_information``); samples
-  codebook-0 codec tokens; its MTP head (``talker_mtp``) predicts residual
-  codebooks 1..K-1 for each sampled token.
-- :class:`OmniDemoCode2Wav`: non-autoregressive: codes ``[T, K]`` -> summed
-  codebook embeddings as the prompt -> one decoder layer -> ``hop_length``
-  samples per frame (``omni_postprocess_request``): a mono waveform.
+- :class:`OmniDemoTalker`: ``preprocess`` every step: prompt rows are the
+  thinker's hidden states projected (state ``thinker_hidden``), every row gets
+  the request's voice embedding (state ``voice``); samples codebook-0 codec
+  tokens; its MTP head (``talker_mtp``, vLLM-Omni's form: before the forward,
+  on decode rows) predicts codebooks 1..K-1 of the previous token from the
+  talker's last hidden state (``postprocess`` keeps it in ``hidden_states.last``)
+  and returns the frame ``codes.audio`` ``[1, K]``.
+- :class:`OmniDemoCode2Wav`: non-autoregressive: codes ``[T, K]`` (state
+  ``codes``) -> summed codebook embeddings on the prompt rows (``preprocess``)
+  -> one decoder layer -> ``hop_length`` samples per frame: multimodal output
+  ``waveform`` ``[T, hop_length]``.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ def _model_state_cls(kind: str) -> type:
 
 class OmniDemoThinker(LlamaForCausalLM):
     """Decoder LM whose forward also returns the per-token hidden states."""
+
+    have_multimodal_outputs = True
 
     @staticmethod
     def get_model_state_cls() -> type:
@@ -70,15 +77,6 @@ class DemoTalkerMTP(nn.Module):
         return torch.stack(codes, dim=-1)
 
 
-def _voice_rows(inputs_embeds: torch.Tensor, voice_embed: nn.Embedding, payloads: list[dict], spans: list) -> torch.Tensor:
-    """``[num_tokens, H]`` rows of each request's voice embedding over its span."""
-    add = torch.zeros_like(inputs_embeds)
-    for payload, (start, end) in zip(payloads, spans):
-        voice = torch.tensor([int(payload.get("voice", 0))], device=inputs_embeds.device)
-        add[start:end] = voice_embed(voice).to(add.dtype)
-    return add
-
-
 def _payload_rows(payload: dict, key: str, width: int, prompt_len: int | None, *, stage: str, layout: str,
                   row: str) -> torch.Tensor:
     """``payload[key]`` as a 2-D tensor ``[prompt_len, width]``: one row per
@@ -92,11 +90,19 @@ def _payload_rows(payload: dict, key: str, width: int, prompt_len: int | None, *
     return t
 
 
+def _prompt_rows(info: dict, n: int) -> tuple[int, int]:
+    """(offset into the prompt, prompt rows among this step's ``n`` rows) of a request."""
+    offset = int(info.get("_omni_num_computed_tokens", 0))
+    return offset, max(0, min(n, int(info.get("_omni_prompt_len", 0)) - offset))
+
+
 class OmniDemoTalker(LlamaForCausalLM):
     """Codec-token decoder conditioned on thinker hidden states and a voice id.
 
-    Payload (``additional_information``): ``thinker_hidden`` float
+    Request state (``additional_information``): ``thinker_hidden`` float
     ``[prompt_len, thinker_hidden_size]``, ``voice`` int in ``[0, num_voices)``.
+    Multimodal output ``codes.audio`` ``[num_tokens, K]``: a decode row's frame
+    (the previous token + its MTP residuals), ``-1`` on prompt rows.
     """
 
     @staticmethod
@@ -104,10 +110,12 @@ class OmniDemoTalker(LlamaForCausalLM):
         """The omni ``ModelState`` (AR kind) vLLM's V2 runner uses for this model."""
         return _model_state_cls(AR)
 
-    accepts_omni_kwargs = True
-    device_resident_payload_keys = ("prompt_embeds",)
+    have_multimodal_outputs = True
+    has_preprocess = True
+    has_postprocess = True
+    gpu_resident_buffer_keys = {("hidden_states", "last"), ("codes", "audio")}
     talker_mtp_graph_safe = True
-    talker_mtp_output_key = "residual_codes"
+    talker_mtp_output_key = ("codes", "audio")
 
     def __init__(self, *, vllm_config: Any, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
@@ -115,56 +123,86 @@ class OmniDemoTalker(LlamaForCausalLM):
         self.thinker_proj = nn.Linear(cfg.thinker_hidden_size, cfg.hidden_size, bias=False)
         self.voice_embed = nn.Embedding(cfg.num_voices, cfg.hidden_size)
         self.mtp = DemoTalkerMTP(cfg.hidden_size, cfg.vocab_size, cfg.num_codebooks)
+        self.mtp_hidden_size = int(cfg.hidden_size)
 
     @classmethod
     def validate_omni_payload(cls, hf_config: Any, payload: dict, prompt_len: int | None) -> None:
         """Raise ``ValueError`` saying what to fix; called in the caller's process
         (``core.engine``) before the request reaches the engine, and again in the
-        worker by ``omni_preprocess`` (``prompt_len=None``: length not checked)."""
+        worker by ``preprocess`` (``prompt_len=None``: length not checked)."""
         _payload_rows(payload, "thinker_hidden", hf_config.thinker_hidden_size, prompt_len,
                       stage="talker", layout="float [prompt_len, {width}]", row="row")
         voice = payload.get("voice", 0)
         if not isinstance(voice, int) or not 0 <= voice < hf_config.num_voices:
             raise ValueError(f"voice id {voice!r} out of range: use 0..{hf_config.num_voices - 1}")
 
-    def omni_preprocess(self, payload: dict) -> dict:
-        self.validate_omni_payload(self.config, payload, None)
-        thinker_hidden = payload["thinker_hidden"]
+    def preprocess(self, input_ids: torch.Tensor, input_embeds: torch.Tensor | None, **info: Any):
+        """vLLM-Omni's per-step ``preprocess``: this request's rows ``[n, H]``
+        (projected thinker hidden states on prompt rows, token embeddings after)
+        plus its voice embedding; a decode row hands ``mtp_inputs`` to the MTP."""
+        self.validate_omni_payload(self.config, info, None)
+        n = int(input_ids.shape[0])
         w = self.thinker_proj.weight
-        return {"prompt_embeds": self.thinker_proj(thinker_hidden.to(device=w.device, dtype=w.dtype))}
+        embeds = self.embed_input_ids(input_ids).to(w.dtype)
+        offset, k = _prompt_rows(info, n)
+        if k:
+            th = info["thinker_hidden"][offset : offset + k].to(device=w.device, dtype=w.dtype)
+            embeds = torch.cat([self.thinker_proj(th), embeds[k:]])
+        voice = torch.tensor([int(info.get("voice", 0))], device=w.device)
+        embeds = embeds + self.voice_embed(voice)
+        update: dict[str, Any] = {}
+        if n == 1 and not info.get("_omni_is_prefill", k > 0):
+            last = (info.get("hidden_states") or {}).get("last")
+            if last is None:
+                last = torch.zeros(1, self.config.hidden_size, device=w.device, dtype=w.dtype)
+            update["mtp_inputs"] = (last.reshape(1, -1), torch.zeros_like(embeds))
+        else:
+            update["codes"] = {"audio": torch.full((n, self.config.num_codebooks), -1, dtype=torch.int64,
+                                                   device=w.device)}
+        return input_ids, embeds, update
 
-    def talker_mtp(self, hidden: torch.Tensor, code0: torch.Tensor) -> torch.Tensor:
-        return self.mtp(hidden, code0)
+    def postprocess(self, hidden_states: torch.Tensor, multimodal_outputs: Any = None, **info: Any) -> dict:
+        """Keep the request's last hidden state for its next decode step's MTP."""
+        if hidden_states.numel() == 0:
+            return {}
+        return {"hidden_states": {"last": hidden_states[-1:].detach()}}
 
-    def forward(
-        self,
-        input_ids,
-        positions,
-        intermediate_tensors=None,
-        inputs_embeds=None,
-        runtime_additional_information: list[dict] | None = None,
-        request_token_spans: list | None = None,
-        **kwargs: Any,
-    ):
+    def talker_mtp(self, input_ids: torch.Tensor, input_embeds: torch.Tensor, last_talker_hidden: torch.Tensor,
+                   text_step: torch.Tensor, **sampling: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """vLLM-Omni's MTP form: ``(embeds [n, H], codes [n, K])``; ``codes[:, 0]``
+        is the input token (codebook 0), the rest from :class:`DemoTalkerMTP`
+        (greedy); ``embeds`` add the residual codebooks' embeddings."""
+        code0 = input_ids.reshape(-1).to(torch.int64)
+        residual = self.mtp(last_talker_hidden.to(input_embeds.dtype), code0)
+        embeds = input_embeds + text_step
+        for k, emb in enumerate(self.mtp.residual_embed):
+            embeds = embeds + emb(residual[:, k])
+        return embeds, torch.cat([code0[:, None], residual], dim=1)
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None,
+                model_intermediate_buffer: list[dict] | None = None, **kwargs: Any):
         if inputs_embeds is None:
             inputs_embeds = self.embed_input_ids(input_ids)
-        if runtime_additional_information:
-            inputs_embeds = inputs_embeds + _voice_rows(
-                inputs_embeds, self.voice_embed, runtime_additional_information, request_token_spans
-            )
-        return super().forward(None, positions, intermediate_tensors, inputs_embeds)
+        hidden = super().forward(None, positions, intermediate_tensors, inputs_embeds)
+        if not model_intermediate_buffer:  # dummy / profile runs
+            return hidden
+        codes = torch.cat([info["codes"]["audio"] for info in model_intermediate_buffer])
+        return OmniOutput(text_hidden_states=hidden, multimodal_outputs={"codes": {"audio": codes}})
 
 
 class OmniDemoCode2Wav(LlamaForCausalLM):
-    """Codes ``[T, K]`` -> mono waveform ``[T * hop_length]`` in one forward.
+    """Codes ``[T, K]`` -> mono waveform ``[T, hop_length]`` in one forward.
 
-    Payload: ``codes`` int64 ``[T, K]`` (prompt = T placeholder tokens).
+    Request state: ``codes`` int64 ``[T, K]`` (prompt = T placeholder tokens).
     """
 
     @staticmethod
     def get_model_state_cls() -> type:
         """The omni ``ModelState`` (GENERATION kind) vLLM's V2 runner uses for this model."""
         return _model_state_cls(GENERATION)
+
+    have_multimodal_outputs = True
+    has_preprocess = True
 
     def __init__(self, *, vllm_config: Any, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
@@ -180,12 +218,21 @@ class OmniDemoCode2Wav(LlamaForCausalLM):
         if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= hf_config.codebook_size):
             raise ValueError(f"codes must lie in [0, {hf_config.codebook_size})")
 
-    def omni_preprocess(self, payload: dict) -> dict:
-        self.validate_omni_payload(self.config, payload, None)
-        codes = payload["codes"]
+    def preprocess(self, input_ids: torch.Tensor, input_embeds: torch.Tensor | None, **info: Any):
+        """Prompt rows: the summed codebook embeddings of this request's frames."""
+        self.validate_omni_payload(self.config, info, None)
+        n = int(input_ids.shape[0])
         dev = self.wave_head.weight.device
-        codes = codes.to(device=dev, dtype=torch.int64)
-        return {"prompt_embeds": sum(emb(codes[:, k]) for k, emb in enumerate(self.code_embeds))}
+        offset, k = _prompt_rows(info, n)
+        embeds = self.embed_input_ids(input_ids)
+        if k:
+            codes = info["codes"][offset : offset + k].to(device=dev, dtype=torch.int64)
+            embeds = torch.cat([sum(emb(codes[:, j]) for j, emb in enumerate(self.code_embeds)), embeds[k:]])
+        return input_ids, embeds, {}
 
-    def omni_postprocess_request(self, hidden: torch.Tensor, payload: dict) -> dict:
-        return {"waveform": torch.tanh(self.wave_head(hidden)).reshape(-1).float()}
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs: Any):
+        hidden = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
+        if not kwargs.get("model_intermediate_buffer"):  # dummy / profile runs
+            return hidden
+        wave = torch.tanh(self.wave_head(hidden)).float()
+        return OmniOutput(text_hidden_states=hidden, multimodal_outputs={"waveform": wave})

@@ -45,6 +45,37 @@ def collect(outputs):
     return res
 
 
+def in_process_runner(llm):
+    """The model runner of an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+
+
+def count_mtp(llm) -> dict:
+    """Count talker-MTP work in an in-process engine: ``rows`` the head ran on in
+    all, ``per_request`` MTP calls per request (kept past the request's end)."""
+    hooks = in_process_runner(llm).omni_hooks
+    counts = {"rows": 0, "calls": 0, "per_request": {}}
+    mtp = hooks.talker_mtp
+    head = mtp.mtp
+
+    def counted(ids, *args, **kwargs):
+        counts["rows"] += int(ids.shape[0])
+        counts["calls"] += 1
+        return head(ids, *args, **kwargs)
+
+    mtp.mtp = mtp.eager = counted
+    finish = hooks.on_finished_requests
+
+    def record(ids):
+        ids = list(ids)
+        counts["per_request"].update({r: hooks.mtp_calls.get(r, 0) for r in ids if r in hooks.mtp_calls})
+        finish(ids)
+
+    hooks.on_finished_requests = record
+    counts["live"] = hooks.mtp_calls
+    return counts
+
+
 TALKER_REQUESTS = [(7, 0, 4), (12, 3, 9), (5, 1, 6)]  # (prompt rows, voice, frames)
 
 
@@ -62,11 +93,15 @@ def talker_batch(demo_dir: str) -> dict:
     prompts, params = [], []
     for h, (n, voice, frames) in zip(hiddens, TALKER_REQUESTS):
         prompts.append({"prompt_token_ids": [0] * n})
-        params.append(SamplingParams(max_tokens=frames, temperature=0.0, ignore_eos=True, detokenize=False,
+        # a frame is a token plus its MTP residuals, made at the next decode step: one token more than frames
+        params.append(SamplingParams(max_tokens=frames + 1, temperature=0.0, ignore_eos=True, detokenize=False,
                                      extra_args={EXTRA_ARGS_KEY: pack({"thinker_hidden": h, "voice": voice})}))
+    counts = count_mtp(talker)
     outs = talker.generate(prompts, params, use_tqdm=False)
-    codes = [torch.cat([torch.tensor(o.outputs[0].token_ids)[:, None], o.multimodal_outputs["residual_codes"]], 1)
-             for o in outs]
+    mtp_calls = {**counts["per_request"], **counts.pop("live")}
+    rows = [o.multimodal_outputs["codes.audio"] for o in outs]
+    codes = [r[r[:, 0] >= 0] for r in rows]  # prompt rows carry -1
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
     c2w = make_engine(os.path.join(demo_dir, "code2wav"), kind="generation", device="cpu", skip_tokenizer_init=True,
                       **ENGINE_KW)
     wouts = c2w.generate([{"prompt_token_ids": [0] * c.shape[0]} for c in codes],
@@ -94,9 +129,12 @@ def talker_batch(demo_dir: str) -> dict:
     again = c2w.generate([{"prompt_token_ids": [0] * codes[0].shape[0]}], [SamplingParams(
         max_tokens=1, detokenize=False, extra_args={EXTRA_ARGS_KEY: pack({"codes": codes[0]})})], use_tqdm=False)
     return {"requests": TALKER_REQUESTS, "hiddens": hiddens, "codes": codes, "refused": refused,
-            "waveform_again": again[0].multimodal_outputs["waveform"], "bad_payloads": result_bad,
-            "residual_rows": [o.multimodal_outputs["residual_codes"].shape[0] for o in outs],
-            "waveforms": [o.multimodal_outputs["waveform"] for o in wouts]}
+            "waveform_again": again[0].multimodal_outputs["waveform"].reshape(-1), "bad_payloads": result_bad,
+            "code_rows": [r.shape[0] for r in rows], "tokens": tokens,
+            "mtp_calls": [next((v for k, v in mtp_calls.items() if k == o.request_id or k.startswith(f"{o.request_id}-")),
+                                None) for o in outs],
+            "mtp_calls_raw": mtp_calls, "mtp_counts": counts,
+            "waveforms": [o.multimodal_outputs["waveform"].reshape(-1) for o in wouts]}
 
 
 def payload_lifecycle(talker: str) -> dict:

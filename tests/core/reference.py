@@ -27,24 +27,30 @@ class ReferenceTalker:
 
     @torch.no_grad()
     def generate(self, thinker_hidden: torch.Tensor, voice: int, n_frames: int) -> torch.Tensor:
-        """codes int64 ``[n_frames, K]``: codebook 0 greedy, 1..K-1 from the MTP head."""
+        """codes int64 ``[n_frames, K]``: codebook 0 greedy, 1..K-1 from the MTP head.
+
+        vLLM-Omni's order: a sampled token's frame is made at the next step,
+        before the forward (MTP on the previous position's hidden state); that
+        step's input row is the token's embedding + voice + the residual
+        codebooks' embeddings."""
         w = self.w
-        prompt = thinker_hidden.float() @ w["thinker_proj.weight"].T
         voice_row = w["voice_embed.weight"][voice]
+        rows = list(thinker_hidden.float() @ w["thinker_proj.weight"].T + voice_row)
         emb = self.model.model.embed_tokens
         codes = []
+        h = self.model.model(inputs_embeds=torch.stack(rows)[None]).last_hidden_state[0, -1]
         for _ in range(n_frames):
-            gen = emb(torch.tensor([c[0] for c in codes], dtype=torch.long)) if codes else prompt[:0]
-            x = torch.cat([prompt, gen]) + voice_row
-            h = self.model.model(inputs_embeds=x[None]).last_hidden_state[0, -1]
             code0 = int(self.model.lm_head(h).argmax())
             y = h + w["mtp.code0_embed.weight"][code0]
-            row = [code0]
+            row, x = [code0], emb(torch.tensor(code0)) + voice_row
             for j in range(self.k - 1):
                 c = int((y @ w[f"mtp.heads.{j}.weight"].T).argmax())
                 row.append(c)
                 y = y + w[f"mtp.residual_embed.{j}.weight"][c]
+                x = x + w[f"mtp.residual_embed.{j}.weight"][c]
             codes.append(row)
+            rows.append(x)
+            h = self.model.model(inputs_embeds=torch.stack(rows)[None]).last_hidden_state[0, -1]
         return torch.tensor(codes, dtype=torch.int64)
 
 

@@ -91,19 +91,41 @@ def _to_meta(t: "torch.Tensor") -> "torch.Tensor":
     return t.to("meta")
 
 
-def test_store_puts_device_resident_keys_on_the_device_and_the_rest_on_cpu():
-    store = PayloadStore(("prompt_embeds",), _to_meta)
+def test_store_puts_device_resident_pairs_on_the_device_and_the_rest_on_cpu():
+    store = PayloadStore({("embed", "prefill"), ("prompt_embeds", None)}, _to_meta)
     embeds = torch.randn(4, 8)
-    store.put("a", {"prompt_embeds": embeds, "thinker_hidden": torch.randn(4, 8), "voice": 2})
+    store.put("a", {"prompt_embeds": embeds, "thinker_hidden": torch.randn(4, 8), "voice": 2,
+                    "embed": {"prefill": embeds, "other": embeds}})
     entry = store.get("a")
-    assert entry["prompt_embeds"].device.type == "meta"
-    assert entry["prompt_embeds"].shape == (4, 8)
+    assert entry["prompt_embeds"].device.type == "meta" and entry["prompt_embeds"].shape == (4, 8)
+    assert entry["embed"]["prefill"].device.type == "meta"
+    assert entry["embed"]["other"].device.type == "cpu"  # residency is per (category, qualifier)
     assert entry["thinker_hidden"].device.type == "cpu"
     assert entry["voice"] == 2
-    # put() merges into an existing entry; placement is per key
-    store.put("a", {"late": torch.ones(2)})
-    assert store.get("a")["late"].device.type == "cpu"
-    assert set(store.get("a")) == {"prompt_embeds", "thinker_hidden", "voice", "late"}
+
+
+def test_store_merges_updates_per_category_like_vllm_omni():
+    store = PayloadStore({("hidden_states", "last")}, lambda t: t)
+    last = torch.ones(1, 3)
+    live = store.put("a", {"meta": {"offset": 0, "flag": True}, "hidden_states": {"last": last}})
+    store.put("a", {"meta": {"offset": 5}, "text": ["hi"]})
+    entry = store.get("a")
+    assert entry is live  # the live dict the model's kwargs hold
+    assert entry["meta"] == {"offset": 5, "flag": True}  # merged, not replaced
+    assert entry["text"] == ["hi"]
+    assert entry["hidden_states"]["last"] is not last and torch.equal(entry["hidden_states"]["last"], last)
+    last.add_(1)  # a device-resident value is a copy: the producer may reuse its buffer
+    assert torch.equal(entry["hidden_states"]["last"], torch.ones(1, 3))
+    assert store.put("a", None) is entry
+
+
+def test_nested_state_round_trips_through_vllms_transport():
+    state = {"text": ["hello"], "speaker": ["alice"], "codes": {"audio": torch.arange(6).reshape(3, 2)},
+             "voice_clone_prompt": [{"ref_code": torch.ones(2, 2, dtype=torch.int64)}]}
+    got = unpack(_through_vllm_transport({EXTRA_ARGS_KEY: pack(state)}).extra_args[EXTRA_ARGS_KEY])
+    assert got["text"] == ["hello"] and got["speaker"] == ["alice"]
+    assert torch.equal(got["codes"]["audio"], state["codes"]["audio"])
+    assert torch.equal(got["voice_clone_prompt"][0]["ref_code"], state["voice_clone_prompt"][0]["ref_code"])
 
 
 def test_store_uses_the_drivers_device_through_hooks():
@@ -113,12 +135,12 @@ def test_store_uses_the_drivers_device_through_hooks():
     hooks = OmniHooks(CpuBackend())
 
     class Model:
-        device_resident_payload_keys = ("prompt_embeds",)
+        gpu_resident_buffer_keys = {("hidden_states", "last")}
 
     hooks.bind_model(Model())
-    assert hooks.payloads.device_resident_keys == frozenset({"prompt_embeds"})
-    hooks.payloads.put("r", {"prompt_embeds": torch.ones(2, 2)})
-    assert hooks.backend.is_device_tensor(hooks.payloads.get("r")["prompt_embeds"])
+    assert hooks.payloads.device_resident_keys == frozenset({("hidden_states", "last")})
+    hooks.payloads.put("r", {"hidden_states": {"last": torch.ones(2, 2)}})
+    assert hooks.backend.is_device_tensor(hooks.payloads.get("r")["hidden_states"]["last"])
 
 
 def test_store_free_releases_entries_and_ignores_unknown_ids():

@@ -54,9 +54,17 @@ def test_generation_engine_refuses_max_tokens_other_than_one_and_keeps_running(r
 def test_mtp_runs_once_per_decode_step_per_request(run_scenario):
     r = run_scenario("talker-batch")
     frames = [f for _, _, f in r["requests"]]
+    prompts = [n for n, _, _ in r["requests"]]
     assert len(set(frames)) == 3 and len({v for _, v, _ in r["requests"]}) == 3
-    # one residual row per sampled codebook-0 token, per request
-    assert r["residual_rows"] == frames
+    # one codes.audio row per token position (prompt rows -1); one frame per decode step, i.e. per sampled
+    # token except the last (its frame would be made at a step that never runs)
+    assert r["code_rows"] == [n + f for n, f in zip(prompts, frames)]
+    assert [len(t) for t in r["tokens"]] == [f + 1 for f in frames]
+    assert r["mtp_calls"] == frames  # once per decode step, per request
+    assert r["mtp_counts"]["rows"] == sum(frames)  # the head ran on no other rows
+    assert r["mtp_counts"]["calls"] == max(frames)  # one batched call per step with decode rows
+    for codes, tokens in zip(r["codes"], r["tokens"]):  # a frame's codebook 0 is the token it was made for
+        assert codes[:, 0].tolist() == tokens[:-1]
     # each request's residual codes are its own (the reference test pins the values)
     firsts = {tuple(c[0, 1:].tolist()) for c in r["codes"]}
     assert len(firsts) == 3

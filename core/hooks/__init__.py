@@ -1,0 +1,16 @@
+"""The omni hooks, written once (RFC-005's protocol over vLLM-Omni's model contract).
+
+- :mod:`core.hooks.contract`: the model contract (vLLM-Omni's hooks), read and
+  checked once per model;
+- :mod:`core.hooks.batch`: :class:`BatchView`, the scheduled batch as V1 and V2 see it;
+- :mod:`core.hooks.talker_mtp`: the talker MTP on persistent buffers;
+- :mod:`core.hooks.omni_hooks`: :class:`OmniHooks`, the protocol.
+"""
+
+from core.hooks.batch import BatchView
+from core.hooks.contract import ModelContract, ModelContractError, read_contract
+from core.hooks.omni_hooks import MTP_SEED_KEY, OmniHooks
+from core.hooks.talker_mtp import TalkerMTP
+
+__all__ = ["BatchView", "MTP_SEED_KEY", "ModelContract", "ModelContractError", "OmniHooks", "TalkerMTP",
+           "read_contract"]

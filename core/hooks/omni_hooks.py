@@ -1,0 +1,435 @@
+"""The omni hooks, written once: RFC-005's protocol over vLLM-Omni's model contract.
+
+:class:`OmniHooks` holds every piece of omni logic: per-request state
+(vLLM-Omni's ``model_intermediate_buffer``), the model's ``preprocess`` every
+step, the talker MTP before the forward, ``prompt_embeds`` on prompt rows, the
+model kwargs extra, the model's output (``OmniOutput`` / ``make_omni_output``),
+``postprocess`` merged into the state, multimodal outputs per request, and the
+omni runner output. It sees the batch only through :class:`~core.hooks.batch.BatchView`
+and the device only through the :class:`~omni_backends.backend.Backend`, so the
+same code serves vLLM's V1 runner (``core.runner``) and the V2 ``ModelState``
+(``core.model_state``). The model contract is :mod:`core.hooks.contract`.
+
+RFC-005 protocol -> methods: ``on_new_requests`` (and ``on_finished_requests``),
+``prepare_prefill_embeds`` (and :meth:`OmniHooks.preprocess`, which also runs the
+talker MTP), ``build_extra_kwargs``, ``process_model_output``,
+``get_model_runner_output``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Any, Callable, Iterable
+
+import torch
+
+from core.hooks.batch import BatchView
+from core.hooks.contract import ModelContract, read_contract
+from core.hooks.talker_mtp import TalkerMTP, request_generator
+from core.kinds import AR, GENERATION, KINDS
+from core.outputs import OmniModelRunnerOutput, as_omni_output, flatten_multimodal
+from core.payloads import EXTRA_ARGS_KEY, PayloadStore, unpack
+from omni_backends.backend import Backend
+
+log = logging.getLogger(__name__)
+
+#: ``SamplingParams.extra_args`` key of a request's talker-MTP seed (vLLM-Omni's name)
+MTP_SEED_KEY = "tts_local_seed"
+
+
+class OmniHooks:
+    """RFC-005 hook protocol over vLLM-Omni's model contract; one instance per runner."""
+
+    def __init__(self, backend: Backend, kind: str = AR):
+        if kind not in KINDS:
+            raise ValueError(f"runner kind must be one of {KINDS}, got {kind!r}")
+        self.backend = backend
+        self.kind = kind
+        self.model: Any = None
+        self.contract: ModelContract = read_contract(None)
+        self.payloads = PayloadStore((), self._to_device, backend.to_host)
+        self._step_outputs: dict[str, dict[str, torch.Tensor]] = {}
+        #: req_id -> number of token positions whose outputs were already emitted
+        #: (a request recomputed after preemption must not emit them twice)
+        self._emitted: dict[str, int] = {}
+        self._mtp_seeds: dict[str, int | None] = {}
+        #: requests that arrived without omni state: vLLM's own (V2's warm-up sends real requests,
+        #: ``_v2_mixed_warmup_*``); the model's preprocess / postprocess are not run on them
+        self._foreign: set[str] = set()
+        self._mtp_generators: dict[str, torch.Generator] = {}
+        self.talker_mtp: TalkerMTP | None = None
+        self.mtp_calls: dict[str, int] = {}
+        self.mtp_mode = "none"
+        self.mtp_sampling: dict[str, Any] = {}
+        self.vocab_size: int | None = None
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.backend.device())
+
+    # ------------------------------------------------------------- binding
+    def bind_model(self, model: Any, vllm_config: Any = None,
+                   mtp_runner: Callable[[Any, Any, int], TalkerMTP] | None = None) -> None:
+        """Read the model's contract (:func:`~core.hooks.contract.read_contract`,
+        which raises naming a hook declared with a wrong signature) and set up
+        the talker MTP: wrapped for FULL graphs through the Backend when
+        ``capabilities().talker_mtp_graph`` and the model's
+        ``talker_mtp_graph_safe`` allow, on persistent buffers of width
+        ``mtp_hidden_size`` built by ``mtp_runner(head, eager_head, hidden_size)``
+        (the runner's: it knows ``max_num_reqs``, dtype and capture sizes; by
+        default an eager :class:`TalkerMTP` for 256 rows)."""
+        self.model = model
+        self.contract = c = read_contract(model)
+        self.payloads.device_resident_keys = c.gpu_resident_buffer_keys
+        model_config = getattr(vllm_config, "model_config", None)
+        if model_config is not None:
+            self.vocab_size = int(model_config.get_vocab_size())
+            params = getattr(model_config, "subtalker_sampling_params", None)
+            self.mtp_sampling = {k: params.get(k) for k in ("do_sample", "temperature", "top_k", "top_p")
+                                 } if isinstance(params, dict) else {}
+        if self.kind == GENERATION:
+            self._install_logits_fallback(model)
+        if c.talker_mtp is None:
+            self.talker_mtp, self.mtp_mode = None, "none"
+            return
+        hidden = c.mtp_hidden_size or int(getattr(model_config, "get_hidden_size", lambda: 0)() or 0)
+        if not hidden:
+            from core.hooks.contract import ModelContractError
+
+            raise ModelContractError(f"{type(model).__name__} declares talker_mtp but no mtp_hidden_size (the "
+                                     "width of its persistent input buffers); set model.mtp_hidden_size")
+        head = c.talker_mtp
+        caps = self.backend.capabilities()
+        graphs_on = _graphs_enabled(vllm_config)
+        if caps.talker_mtp_graph and c.talker_mtp_graph_safe and graphs_on:
+            from vllm.config import CUDAGraphMode
+
+            head = self.backend.wrap_graph(c.talker_mtp, vllm_config, CUDAGraphMode.FULL)
+            self.mtp_mode = "graph"
+        else:
+            self.mtp_mode = "eager"
+            log.info("talker MTP runs eager: driver %s has talker_mtp_graph=%s, model graph-safe=%s, engine graphs %s",
+                     self.backend.name, caps.talker_mtp_graph, c.talker_mtp_graph_safe,
+                     "on" if graphs_on else "off (enforce_eager / NONE)")
+        if mtp_runner is None:
+            dtype = getattr(model_config, "dtype", torch.float32)
+            self.talker_mtp = TalkerMTP(head, 256, hidden, dtype, self.backend.device(), eager=c.talker_mtp)
+        else:
+            self.talker_mtp = mtp_runner(head, c.talker_mtp, hidden)
+
+    def _install_logits_fallback(self, model: Any) -> None:
+        """A generation-kind model's ``compute_logits`` may return ``None`` (it
+        produces no text, e.g. vLLM-Omni's ``Qwen3TTSCode2Wav``); vLLM's sampler
+        then gets zero logits ``[n, vocab]`` (the request ends after its one
+        step, ``max_tokens=1``). Installed on the model instance."""
+        inner = getattr(model, "compute_logits", None)
+        if inner is None or getattr(inner, "__omni_fallback__", False):
+            return
+        vocab = self.vocab_size or 1
+
+        @functools.wraps(inner)
+        def compute_logits(hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
+            logits = inner(hidden_states, *args, **kwargs)
+            if logits is None and isinstance(hidden_states, torch.Tensor):
+                logits = torch.zeros(hidden_states.shape[0], vocab, device=hidden_states.device)
+            return logits
+
+        compute_logits.__omni_fallback__ = True  # type: ignore[attr-defined]
+        model.compute_logits = compute_logits
+
+    # ------------------------------------------------------ on_new_requests
+    def on_new_requests(self, new_requests: Iterable[tuple[str, Any]]) -> None:
+        """Store each new request's initial state (``sampling_params.extra_args``
+        packed by :func:`core.payloads.pack`) and its MTP seed
+        (``extra_args["tts_local_seed"]``)."""
+        for req_id, sampling_params in new_requests:
+            if self.kind == GENERATION and getattr(sampling_params, "max_tokens", 1) != 1:
+                raise ValueError(
+                    f"request {req_id}: a generation-kind runner produces its whole output in the prefill forward; "
+                    f"submit it with SamplingParams(max_tokens=1), not max_tokens={sampling_params.max_tokens}"
+                )
+            extra = getattr(sampling_params, "extra_args", None) or {}
+            packed = extra.get(EXTRA_ARGS_KEY)
+            if packed is None:
+                self._foreign.add(req_id)
+            self.payloads.put(req_id, unpack(packed))
+            seed = extra.get(MTP_SEED_KEY)
+            self._mtp_seeds[req_id] = int(seed) if seed is not None else None
+
+    def on_finished_requests(self, req_ids: Iterable[str]) -> None:
+        """Free the state, MTP generators and counters of finished or aborted
+        requests; tell the model (``on_requests_finished``)."""
+        req_ids = list(req_ids)
+        if not req_ids:
+            return
+        self.payloads.free(req_ids)
+        for r in req_ids:
+            self._step_outputs.pop(r, None)
+            self._emitted.pop(r, None)
+            self.mtp_calls.pop(r, None)
+            self._mtp_seeds.pop(r, None)
+            self._mtp_generators.pop(r, None)
+            self._foreign.discard(r)
+        if self.contract.on_requests_finished is not None:
+            self.contract.on_requests_finished(set(req_ids))
+
+    # ------------------------------------------------ prepare_prefill_embeds
+    @property
+    def uses_preprocess(self) -> bool:
+        """True if the model has ``preprocess`` (the forward then takes ``inputs_embeds``)."""
+        return self.contract.preprocess is not None
+
+    def needs_embeds(self, batch: BatchView) -> bool:
+        """True if the forward needs ``inputs_embeds`` this step: the model has
+        ``preprocess``, or a request with ``prompt_embeds`` has prompt rows."""
+        if self.uses_preprocess:
+            return batch.num_reqs > 0
+        if not len(self.payloads) or not (batch.num_computed < batch.num_prompt).any():  # e.g. decode-only steps
+            return False
+        return any(
+            isinstance(self.payloads.get(r).get("prompt_embeds"), torch.Tensor) and batch.prefill_rows(i)[2] > 0
+            for i, r in enumerate(batch.req_ids)
+        )
+
+    def prepare_prefill_embeds(self, batch: BatchView, inputs_embeds: torch.Tensor) -> None:
+        """Overlay each request's ``prompt_embeds`` ``[prompt_len, H]`` (a
+        top-level tensor of its state) onto the rows of ``inputs_embeds``
+        ``[num_tokens, H]`` that hold its *prompt* positions this step (chunked
+        prefill aware; vLLM-Omni's prompt-embeds overlay); decode rows are untouched."""
+        for i, req_id in enumerate(batch.req_ids):
+            emb = self.payloads.get(req_id).get("prompt_embeds")
+            if not isinstance(emb, torch.Tensor):
+                continue
+            start, first, count = batch.prefill_rows(i)
+            if count <= 0:
+                continue
+            if emb.shape[0] < first + count:
+                raise ValueError(
+                    f"request {req_id}: prompt_embeds has {emb.shape[0]} rows but the prompt has "
+                    f"{int(batch.num_prompt[i])} tokens; pass one embedding row per prompt token"
+                )
+            inputs_embeds[start : start + count].copy_(emb[first : first + count].to(inputs_embeds.dtype),
+                                                       non_blocking=True)
+
+    def request_infos(self, batch: BatchView, i: int) -> dict[str, Any]:
+        """Request i's live state with vLLM-Omni's injected step facts:
+        ``request_id``, ``_omni_is_prefill``, ``_omni_num_computed_tokens``,
+        ``_omni_prompt_len``, ``_omni_max_tokens``, ``_omni_seed``."""
+        req_id = batch.req_ids[i]
+        info = self.payloads.put(req_id, None)
+        info["request_id"] = req_id
+        info["_omni_prompt_len"] = int(batch.num_prompt[i])
+        info["_omni_num_computed_tokens"] = int(batch.num_computed[i])
+        info["_omni_is_prefill"] = batch.is_prefill(i)
+        info["_omni_max_tokens"] = batch.max_tokens[i] if batch.max_tokens is not None else None
+        info["_omni_seed"] = batch.seeds[i] if batch.seeds is not None else None
+        return info
+
+    def preprocess(self, batch: BatchView, input_ids: torch.Tensor, inputs_embeds: torch.Tensor) -> None:
+        """vLLM-Omni's ``_preprocess``: for every scheduled request, every step,
+        ``model.preprocess(input_ids=ids[span], input_embeds=embeds[span], **infos)
+        -> (ids, embeds, update)``; the returned rows replace the request's rows
+        of ``input_ids`` ``[num_tokens]`` / ``inputs_embeds`` ``[num_tokens, H]``
+        (in place), ``update`` is merged into its state. Then, for a talker-MTP
+        model, the MTP runs on the decode rows (:meth:`run_talker_mtp`)."""
+        pre = self.contract.preprocess
+        if pre is None:
+            return
+        mtp_rows: list[tuple[int, str, int, torch.Tensor, torch.Tensor, Any, Any]] = []
+        for i, req_id in enumerate(batch.req_ids):
+            if req_id in self._foreign:
+                continue  # vLLM's own request: its rows stay the token embeddings
+            s, e = batch.span(i)
+            info = self.request_infos(batch, i)
+            ids_out, emb_out, update = pre(input_ids=input_ids[s:e], input_embeds=inputs_embeds[s:e], **info)
+            update = dict(update or {})
+            if self.talker_mtp is not None and batch.is_decode_row(i) and "mtp_inputs" in update:
+                last_hidden, text_step = update.pop("mtp_inputs")
+                mtp_rows.append((i, req_id, s, ids_out, emb_out, last_hidden, text_step))
+            self.payloads.put(req_id, update)
+            n = min(e - s, int(emb_out.shape[0]))
+            inputs_embeds[s : s + n].copy_(emb_out[:n].reshape(n, -1).to(inputs_embeds.dtype))
+            if isinstance(ids_out, torch.Tensor) and ids_out.numel() == n:
+                input_ids[s : s + n].copy_(ids_out.reshape(-1).to(input_ids.dtype))
+        if mtp_rows:
+            self.run_talker_mtp(mtp_rows, inputs_embeds)
+
+    # --------------------------------------------------------- talker MTP
+    def run_talker_mtp(self, rows: list, inputs_embeds: torch.Tensor) -> None:
+        """Once per decode row, before the forward: ``talker_mtp`` on the rows'
+        ids, embeds, ``last_talker_hidden`` and ``text_step`` (from
+        ``preprocess``'s ``mtp_inputs``); its embeds replace the rows of
+        ``inputs_embeds``, its codes ``[1, Q]`` go to the request's state under
+        ``talker_mtp_output_key`` (and ``talker_mtp_validity_key`` = True)."""
+        mtp, c = self.talker_mtp, self.contract
+        assert mtp is not None
+        dev = inputs_embeds.device
+        ids = torch.cat([r[3].reshape(-1)[:1] for r in rows]).to(dev)
+        embeds = torch.cat([r[4].reshape(1, -1) for r in rows])
+        hidden = torch.cat([r[5].reshape(1, -1) for r in rows])
+        text = torch.cat([r[6].reshape(1, -1) for r in rows])
+        gens = [request_generator(self._mtp_seeds.get(r[1]), dev, self._mtp_generators, r[1]) for r in rows]
+        kwargs = dict(self.mtp_sampling) or {"do_sample": None, "temperature": None, "top_k": None, "top_p": None}
+        if len(rows) == 1 and gens[0] is not None:
+            kwargs["generator"] = gens[0]
+        elif any(g is not None for g in gens):
+            kwargs["generators"] = gens
+        out_embeds, codes = mtp(ids, embeds, hidden, text, **kwargs)
+        starts = torch.tensor([r[2] for r in rows], device=dev)
+        inputs_embeds.index_copy_(0, starts, out_embeds.to(inputs_embeds.dtype))
+        cat, qual = c.talker_mtp_output_key
+        for j, r in enumerate(rows):
+            update: dict[str, Any] = {cat: {qual: codes[j : j + 1]}}
+            if c.talker_mtp_validity_key is not None:
+                vcat, vqual = c.talker_mtp_validity_key
+                update.setdefault(vcat, {})[vqual] = torch.ones((), dtype=torch.bool, device=codes.device)
+            self.payloads.put(r[1], update)
+            self.mtp_calls[r[1]] = self.mtp_calls.get(r[1], 0) + 1
+
+    # ---------------------------------------------------- build_extra_kwargs
+    def build_extra_kwargs(self, batch: BatchView, **runner_kwargs: Any) -> dict[str, Any]:
+        """vLLM-Omni's model kwargs extra, restricted to what the forward accepts:
+        ``model_intermediate_buffer`` and ``runtime_additional_information`` (the
+        same list of per-request state dicts, batch order, with ``generated_len``),
+        ``request_token_spans`` (``(start, end)`` per request); generation kind:
+        ``seq_token_counts``, ``request_ids``; plus ``runner_kwargs`` (the AR
+        runner passes ``sampling_metadata`` and ``sampler``)."""
+        infos = []
+        for i, req_id in enumerate(batch.req_ids):
+            info = self.payloads.put(req_id, None)
+            if batch.num_output is not None:
+                info["generated_len"] = int(batch.num_output[i])
+            infos.append(info)
+        spans = [batch.span(i) for i in range(batch.num_reqs)]
+        kwargs: dict[str, Any] = {"model_intermediate_buffer": infos, "runtime_additional_information": infos,
+                                  "request_token_spans": spans}
+        if self.kind == GENERATION:
+            kwargs["seq_token_counts"] = [e - s for s, e in spans]
+            kwargs["request_ids"] = list(batch.req_ids)
+        kwargs.update(runner_kwargs)
+        return self.contract.forward_kwargs(kwargs)
+
+    # --------------------------------------------------- process_model_output
+    def normalize_output(self, output: Any, model_kwargs: dict[str, Any] | None = None) -> Any:
+        """The forward's result as an ``OmniOutput`` (ours or vLLM-Omni's), via
+        the model's ``make_omni_output(out, **model_kwargs)`` when it returned
+        something else; ``None`` for a plain tensor of a model without it."""
+        omni = as_omni_output(output)
+        make = self.contract.make_omni_output
+        if make is not None and isinstance(output, torch.Tensor):
+            return as_omni_output(make(output, **(model_kwargs or {})))
+        if make is not None and omni is not None and not omni.multimodal_outputs \
+                and omni.text_hidden_states is not None:
+            # the model-output adapter (core.model_io) hands a bare forward result over as (hidden, {})
+            return as_omni_output(make(omni.text_hidden_states, **(model_kwargs or {})))
+        return omni
+
+    def text_hidden_states(self, output: Any, model_kwargs: dict[str, Any] | None = None) -> Any:
+        """What vLLM's logits path gets from a forward result: the text hidden states."""
+        omni = as_omni_output(output)
+        return omni.text_hidden_states if omni is not None else output
+
+    def process_model_output(self, output: Any, batch: BatchView, model_kwargs: dict[str, Any] | None = None) -> Any:
+        """After a real step's forward: normalise the output
+        (:meth:`normalize_output`), run the model's ``postprocess`` per request on
+        its rows (merged into its state), tell the model the batch order
+        (``set_batch_req_ids``), and collect this step's multimodal outputs per
+        request: a tensor whose first dim is ``num_tokens`` is sliced by the
+        request's rows (positions emitted before -- a request recomputed after
+        preemption -- are skipped); a list with one entry per request is handed
+        out by position. Names are ``category.qualifier``. Copies go to the CPU
+        through ``Backend.to_host``. Returns the text hidden states
+        ``[num_tokens, H]`` (``None`` if the model returns none)."""
+        c = self.contract
+        omni = self.normalize_output(output, model_kwargs)
+        hidden = omni.text_hidden_states if omni is not None else output
+        mm = (omni.multimodal_outputs if omni is not None else None) or {}
+        if c.postprocess is not None:
+            for i, req_id in enumerate(batch.req_ids):
+                if req_id in self._foreign:
+                    continue
+                s, e = batch.span(i)
+                info = self.payloads.get(req_id) if c.postprocess_uses_req_infos else {}
+                kwargs = {k: v for k, v in info.items() if k != "hidden_states"}
+                h = hidden[s:e] if c.postprocess_uses_hidden_states and hidden is not None else hidden
+                update = c.postprocess(h, multimodal_outputs=mm if c.postprocess_uses_multimodal_outputs else None,
+                                       **kwargs)
+                self.payloads.put(req_id, update)
+        if c.set_batch_req_ids is not None:
+            c.set_batch_req_ids(list(batch.req_ids))
+        if mm:
+            self._collect(flatten_multimodal(mm), batch)
+        return hidden
+
+    def _collect(self, flat: dict[str, Any], batch: BatchView) -> None:
+        num_tokens = batch.num_tokens
+        rows = []  # rows of each request not emitted before
+        for i, req_id in enumerate(batch.req_ids):
+            start, end = batch.span(i)
+            first = int(batch.num_computed[i])
+            done = self._emitted.get(req_id, 0)
+            skip = min(max(0, done - first), end - start)
+            self._emitted[req_id] = max(done, first + end - start)
+            rows.append((req_id, start + skip, end))
+        for key, value in flat.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] >= num_tokens:
+                host = _owned(self.backend.to_host(value[:num_tokens]), value)
+                for req_id, start, end in rows:
+                    if end > start:
+                        self._add(req_id, key, host[start:end])
+            elif isinstance(value, (list, tuple)) and len(value) == batch.num_reqs:
+                for (req_id, start, end), item in zip(rows, value):
+                    if item is None:
+                        continue
+                    t = item if isinstance(item, torch.Tensor) else torch.as_tensor(item)
+                    self._add(req_id, key, _owned(self.backend.to_host(t), t))
+
+    def _add(self, req_id: str, key: str, value: torch.Tensor) -> None:
+        step = self._step_outputs.setdefault(req_id, {})
+        if key in step and value.dim() > 0:
+            step[key] = torch.cat([step[key], value])
+        else:
+            step[key] = value
+
+    # ------------------------------------------------ get_model_runner_output
+    def take_step_outputs(self) -> dict[str, dict[str, torch.Tensor]]:
+        """This step's multimodal outputs (req_id -> name -> CPU tensor), handed over once."""
+        step, self._step_outputs = self._step_outputs, {}
+        return step
+
+    def get_model_runner_output(self, base: Any, step: dict[str, dict[str, torch.Tensor]] | None = None) -> Any:
+        """Wrap vLLM's ``ModelRunnerOutput`` into an :class:`OmniModelRunnerOutput`
+        carrying this step's multimodal outputs for the requests in it
+        (``step``: outputs taken earlier with :meth:`take_step_outputs`)."""
+        if step is None:
+            step = self.take_step_outputs()
+        if not step or not hasattr(base, "req_ids"):
+            return base
+        fields = {name: getattr(base, name) for name in _field_names(type(base))}
+        mm = {r: v for r, v in step.items() if r in base.req_id_to_index}
+        return OmniModelRunnerOutput(**fields, multimodal_outputs=mm)
+
+
+def _graphs_enabled(vllm_config: Any) -> bool:
+    """True unless the engine runs without graphs (``enforce_eager``, i.e.
+    ``compilation_config.cudagraph_mode`` NONE): then vLLM never calls
+    ``capture_model`` and a graph-wrapped head would capture mid-step."""
+    if vllm_config is None:
+        return False
+    mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
+    return mode is None or mode.name != "NONE"
+
+
+def _owned(host: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """``host``, cloned if it still shares memory with ``source`` (a CPU
+    device's ``to_host`` returns its input; the model's outputs live in
+    persistent buffers the next forward overwrites, ``core.model_io``)."""
+    if host.untyped_storage().data_ptr() == source.untyped_storage().data_ptr():
+        return host.clone()
+    return host
+
+
+@functools.lru_cache(maxsize=None)
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
