@@ -49,7 +49,7 @@ class OmniHooks:
         self.kind = kind
         self.model: Any = None
         self.contract: ModelContract = read_contract(None)
-        self.payloads = PayloadStore((), self._to_device, backend.to_host)
+        self.payloads = PayloadStore((), self._to_device, lambda t: self.backend.to_host(t))
         self._step_outputs: dict[str, dict[str, torch.Tensor]] = {}
         #: req_id -> number of token positions whose outputs were already emitted
         #: (a request recomputed after preemption must not emit them twice)

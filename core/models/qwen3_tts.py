@@ -44,12 +44,12 @@ FORMAT_VERSION = 1
 HIDDEN = 64
 HEAD_DIM = 32
 NUM_CODE_GROUPS = 4  # Q: codebook 0 + 3 residual codebooks
-CODEBOOK = 32  # real codec ids are [0, CODEBOOK)
-TALKER_VOCAB = 64  # CODEBOOK codes + the special codec ids below
-CODEC = dict(codec_pad_id=40, codec_bos_id=41, codec_eos_token_id=42, codec_think_id=43, codec_nothink_id=44,
-             codec_think_bos_id=45, codec_think_eos_id=46)
-SPEAKERS = {"alice": 50, "bob": 51}
-LANGUAGES = {"english": 55, "chinese": 56}
+CODEBOOK = 64  # real codec ids are [0, CODEBOOK); > the code predictor's default top_k (50)
+TALKER_VOCAB = 96  # CODEBOOK codes + the special codec ids below
+CODEC = dict(codec_pad_id=70, codec_bos_id=71, codec_eos_token_id=72, codec_think_id=73, codec_nothink_id=74,
+             codec_think_bos_id=75, codec_think_eos_id=76)
+SPEAKERS = {"alice": 80, "bob": 81}
+LANGUAGES = {"english": 85, "chinese": 86}
 SAMPLE_RATE = 24000
 UPSAMPLE = (2, 2)  # decoder blocks' rates
 UPSAMPLING_RATIOS = (2,)  # pre-decoder upsampling
@@ -255,11 +255,13 @@ def _talker_weights(cfg: dict[str, Any], g: Any) -> dict[str, Any]:
 
 
 def _module_weights(module: Any, prefix: str, g: Any) -> dict[str, Any]:
-    """Every parameter and floating buffer of ``module`` re-drawn from ``g`` (std 0.1; norms around 1)."""
+    """``module.state_dict()`` (what a real checkpoint holds: parameters and
+    persistent buffers), floating tensors re-drawn from ``g`` (std 0.1; norms
+    and scales around 1)."""
     import torch
 
     out = {}
-    for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+    for name, t in module.state_dict().items():
         if not t.dtype.is_floating_point:
             out[f"{prefix}{name}"] = t.detach().clone()
             continue

