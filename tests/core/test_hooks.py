@@ -86,33 +86,34 @@ def test_batch_view_chunk_ending_exactly_one_before_the_prompt_end_does_not_samp
 
 
 # ------------------------------------------------- on_new_requests / payloads
-class _Preprocessing:
-    device_resident_payload_keys = ("prompt_embeds",)
+def test_on_new_requests_unpacks_state_and_seed_and_finish_frees_and_tells_the_model(backend):
+    from core.hooks import MTP_SEED_KEY
 
-    def __init__(self):
-        self.seen = []
-
-    def omni_preprocess(self, payload):
-        self.seen.append(sorted(payload))
-        return {"prompt_embeds": payload["thinker_hidden"] * 2, "voice": payload.get("voice", 0) + 100}
-
-
-def test_on_new_requests_unpacks_payloads_runs_preprocess_once_and_frees(backend):
     hooks = OmniHooks(backend)
-    model = _Preprocessing()
+
+    class Model:
+        gpu_resident_buffer_keys = {("embed", "prefill")}
+        finished: list = []
+
+        def on_requests_finished(self, ids):
+            self.finished.append(sorted(ids))
+
+    model = Model()
     hooks.bind_model(model)
     th = torch.randn(3, H)
-    hooks.on_new_requests([("a", sampling(payload={"thinker_hidden": th, "voice": 2}))])
-    assert model.seen == [["thinker_hidden", "voice"]], "preprocess runs once per request, on the unpacked payload"
+    params = sampling(payload={"text": ["hi"], "embed": {"prefill": th}, "voice": 2})
+    params.extra_args[MTP_SEED_KEY] = 17
+    hooks.on_new_requests([("a", params)])
     a = hooks.payloads.get("a")
-    assert torch.equal(a["prompt_embeds"], th * 2) and a["voice"] == 102
-    assert torch.equal(a["thinker_hidden"], th)
-    assert backend.is_device_tensor(a["prompt_embeds"])
+    assert a["text"] == ["hi"] and a["voice"] == 2 and torch.equal(a["embed"]["prefill"], th)
+    assert backend.is_device_tensor(a["embed"]["prefill"])
+    assert hooks._mtp_seeds["a"] == 17
     hooks._add("a", "x", torch.ones(1))
     hooks.mtp_calls["a"] = 3
     hooks.on_finished_requests(["a", "unknown"])
     assert "a" not in hooks.payloads and len(hooks.payloads) == 0
-    assert "a" not in hooks._step_outputs and "a" not in hooks.mtp_calls
+    assert "a" not in hooks._step_outputs and "a" not in hooks.mtp_calls and "a" not in hooks._mtp_seeds
+    assert model.finished == [["a", "unknown"]]
 
 
 def test_request_without_payload_gets_an_empty_entry_without_preprocess(backend):
@@ -203,52 +204,133 @@ def test_too_short_prompt_embeds_is_a_clear_error(backend):
 
 
 # ------------------------------------------------------ build_extra_kwargs
-def test_extra_kwargs_only_for_models_that_accept_them(backend):
+def test_extra_kwargs_are_vllm_omnis_restricted_to_what_the_forward_takes(backend):
     hooks = OmniHooks(backend)
 
     class Plain:
-        pass
+        def forward(self, input_ids, positions):
+            pass
 
     class Accepting:
-        accepts_omni_kwargs = True
+        def forward(self, input_ids, positions, **kwargs):
+            pass
 
     hooks.bind_model(Plain())
     assert hooks.build_extra_kwargs(batch()) == {}
     hooks.bind_model(Accepting())
     for i, r in enumerate(IDS):
         hooks.payloads.put(r, {"voice": i})
-    kw = hooks.build_extra_kwargs(batch())
-    assert [p["voice"] for p in kw["runtime_additional_information"]] == [0, 1, 2, 3, 4]
+    b = dataclasses.replace(batch(), num_output=np.array([5, 0, 0, 0, 3]))
+    kw = hooks.build_extra_kwargs(b, sampler="S")
+    assert kw["model_intermediate_buffer"] is kw["runtime_additional_information"]
+    assert [p["voice"] for p in kw["model_intermediate_buffer"]] == [0, 1, 2, 3, 4]
+    assert [p["generated_len"] for p in kw["model_intermediate_buffer"]] == [5, 0, 0, 0, 3]
+    assert kw["model_intermediate_buffer"][0] is hooks.payloads.get("dec")  # the live state, not a copy
     assert kw["request_token_spans"] == [(0, 1), (1, 9), (9, 13), (13, 16), (16, 24)]
+    assert kw["sampler"] == "S" and "seq_token_counts" not in kw
+    gen = OmniHooks(backend, GENERATION)
+    gen.bind_model(Accepting())
+    kw = gen.build_extra_kwargs(batch())
+    assert kw["seq_token_counts"] == [1, 8, 4, 3, 8] and kw["request_ids"] == IDS
+
+
+# ------------------------------------------------------------ preprocess
+class _Preprocessing:
+    """vLLM-Omni's preprocess: rows = ids * 10 (+ the request's offset state); counts its steps."""
+
+    has_preprocess = True
+
+    def __init__(self):
+        self.seen = []
+
+    def preprocess(self, input_ids, input_embeds, **info):
+        self.seen.append((info["request_id"], info["_omni_is_prefill"], info["_omni_num_computed_tokens"],
+                          info["_omni_prompt_len"], tuple(input_embeds.shape)))
+        steps = info.get("meta", {}).get("steps", 0)
+        rows = input_ids.float()[:, None].repeat(1, H) * 10 + steps
+        return input_ids + 1, rows, {"meta": {"steps": steps + 1}}
+
+
+def test_preprocess_runs_every_step_for_every_request_and_replaces_its_rows(backend):
+    hooks = OmniHooks(backend)
+    model = _Preprocessing()
+    hooks.bind_model(model)
+    assert hooks.uses_preprocess and hooks.needs_embeds(batch())
+    b = batch()
+    ids = torch.arange(NUM_TOKENS)
+    embeds = torch.full((NUM_TOKENS + 2, H), -7.0)  # padded like the runner's buffer
+    hooks.preprocess(b, ids, embeds)
+    assert [m[0] for m in model.seen] == IDS
+    assert [m[1:4] for m in model.seen] == [(False, 10, 5), (True, 4, 20), (True, 16, 20), (True, 0, 3),
+                                            (True, 0, 5)]
+    assert [m[4][0] for m in model.seen] == SCHEDULED
+    torch.testing.assert_close(embeds[:NUM_TOKENS], torch.arange(NUM_TOKENS).float()[:, None].repeat(1, H) * 10)
+    assert (embeds[NUM_TOKENS:] == -7.0).all()  # padding rows untouched
+    assert ids.tolist() == list(range(1, NUM_TOKENS + 1))  # the returned ids replace the rows too
+    hooks.preprocess(b, torch.arange(NUM_TOKENS), embeds)  # the update was merged into the state
+    assert embeds[0, 0].item() == 1.0 and hooks.payloads.get("mid")["meta"]["steps"] == 2
 
 
 # --------------------------------------------------- process_model_output
 class _Postprocessing:
-    def omni_postprocess_request(self, hidden, payload):
-        return {"wave": hidden.sum(-1) + payload.get("offset", 0)}
+    has_postprocess = True
+
+    def __init__(self):
+        self.mm = []
+
+    def postprocess(self, hidden_states, multimodal_outputs=None, **info):
+        self.mm.append(multimodal_outputs)
+        return {"hidden_states": {"last": hidden_states[-1:]}, "meta": {"offset": info.get("offset", 0) + 1}}
 
 
-def test_process_model_output_slices_per_request_and_runs_postprocess(backend):
+def test_process_model_output_slices_per_request_and_merges_postprocess(backend):
     hooks = OmniHooks(backend)
-    hooks.bind_model(_Postprocessing())
-    hooks.payloads.put("last", {"offset": 100})
+    model = _Postprocessing()
+    hooks.bind_model(model)
+    hooks.payloads.put("last", {"offset": 100, "hidden_states": {"last": torch.zeros(1, H)}})
     b = batch()
     hidden = torch.randn(NUM_TOKENS + 3, H)  # padded rows past num_tokens must be ignored
     per_token = torch.arange(NUM_TOKENS + 3, dtype=torch.float32)[:, None].repeat(1, 2)
-    out = hooks.process_model_output(OmniOutput(hidden, {"hidden": per_token}), b)
+    waves = [torch.full((i + 1,), float(i)) for i in range(len(IDS))]  # a per-request list (code2wav-style)
+    out = hooks.process_model_output(OmniOutput(hidden, {"hidden": per_token, "audio": {"wave": waves}}), b)
     assert out is hidden
     step = hooks._step_outputs
     assert set(step) == set(IDS)
     for i, r in enumerate(IDS):
         s, e = b.span(i)
         assert torch.equal(step[r]["hidden"], per_token[s:e])
-        expect_wave = hidden[s:e].sum(-1) + (100 if r == "last" else 0)
-        torch.testing.assert_close(step[r]["wave"], expect_wave)
+        assert torch.equal(step[r]["audio.wave"], waves[i])  # nested keys as category.qualifier
+        torch.testing.assert_close(hooks.payloads.get(r)["hidden_states"]["last"], hidden[e - 1 : e])
+    assert hooks.payloads.get("last")["meta"]["offset"] == 101
+    assert model.mm[0]["hidden"] is per_token  # postprocess sees the step's multimodal outputs
     # a plain tensor passes through; a second forward over the same positions emits nothing new
-    # (positions are emitted once: see test_recomputed_positions_after_preemption_are_not_emitted_twice)
-    before = step["mid"]["wave"].clone()
+    before = step["mid"]["hidden"].clone()
     assert hooks.process_model_output(hidden, b) is hidden
-    assert torch.equal(step["mid"]["wave"], before)
+    assert torch.equal(step["mid"]["hidden"], before)
+
+
+def test_vllm_omnis_output_namedtuple_and_make_omni_output_are_recognised(backend):
+    from core.models.vllm_omni import load_module
+
+    if load_module is None:  # pragma: no cover
+        return
+    hooks = OmniHooks(backend)
+
+    class Made:
+        def make_omni_output(self, out, **kwargs):
+            self.kwargs = kwargs
+            return OmniOutput(out * 2, {"codes": {"audio": torch.ones(out.shape[0], 3)}})
+
+    model = Made()
+    hooks.bind_model(model)
+    b = batch()
+    hidden = torch.ones(NUM_TOKENS, H)
+    got = hooks.process_model_output(hidden, b, {"model_intermediate_buffer": []})
+    assert torch.equal(got, hidden * 2) and model.kwargs == {"model_intermediate_buffer": []}
+    assert hooks._step_outputs["mid"]["codes.audio"].shape == (8, 3)
+    # text_hidden_states=None (a code2wav-style model) is handed back as None
+    hooks.bind_model(object())
+    assert hooks.process_model_output(OmniOutput(None, {"model_outputs": [torch.ones(2)] * 5}), b) is None
 
 
 def _runner_output(req_ids):
@@ -292,33 +374,92 @@ def test_get_model_runner_output_without_outputs_returns_vllms_object(backend):
 
 # -------------------------------------------------------------- talker MTP
 class _Talker:
-    talker_mtp_output_key = "codes"
+    """vLLM-Omni's talker shape: preprocess hands ``mtp_inputs`` on decode rows;
+    ``talker_mtp`` (four inputs) returns (embeds, codes) before the forward."""
+
+    has_preprocess = True
+    talker_mtp_output_key = ("codes", "audio")
+    talker_mtp_validity_key = ("meta", "frame_valid")
+    mtp_hidden_size = H
 
     def __init__(self):
         self.calls = []
 
-    def talker_mtp(self, hidden, code0):
-        self.calls.append((hidden.clone(), code0.clone()))
-        return torch.stack([code0 * 10, code0 * 10 + 1], dim=-1)
+    def preprocess(self, input_ids, input_embeds, **info):
+        update = {}
+        if input_ids.shape[0] == 1 and not info["_omni_is_prefill"]:
+            update["mtp_inputs"] = (torch.full((1, H), 2.0), torch.full((1, H), 3.0))
+        return input_ids, torch.zeros(input_ids.shape[0], H), update
+
+    def talker_mtp(self, input_ids, input_embeds, last_talker_hidden, text_step, **sampling):
+        self.calls.append((input_ids.clone(), last_talker_hidden.clone(), text_step.clone(), sampling))
+        codes = torch.stack([input_ids, input_ids * 10], dim=-1)
+        return input_embeds + last_talker_hidden + text_step, codes
 
 
-def test_talker_mtp_runs_once_per_sampled_token_on_the_last_row(backend):
+def test_talker_mtp_runs_before_the_forward_on_decode_rows_once_per_step(backend):
+    from core.hooks import MTP_SEED_KEY
+
     hooks = OmniHooks(backend)
     model = _Talker()
     hooks.bind_model(model, vllm_config=None)
-    assert hooks.mtp_mode == "eager"  # the cpu driver has no graphs
-    b = batch()
-    hidden = torch.arange(NUM_TOKENS, dtype=torch.float32)[:, None].repeat(1, H)
-    sampled = torch.tensor([[5], [6], [7], [8], [9]], dtype=torch.int32)
-    hooks.run_talker_mtp(hidden, sampled, b)
-    ((h, c0),) = model.calls
-    assert h[:, 0].tolist() == [0, 12, 15, 23]  # last scheduled row of dec, last, whole, resum ("mid" does not sample)
-    assert c0.dtype == torch.int64 and c0.tolist() == [5, 7, 8, 9]
-    assert hooks._step_outputs["last"]["codes"].tolist() == [[70, 71]]
-    assert "mid" not in hooks._step_outputs
-    hooks.run_talker_mtp(hidden, sampled, b)
-    assert hooks.mtp_calls == {"dec": 2, "last": 2, "whole": 2, "resum": 2}
-    assert hooks._step_outputs["dec"]["codes"].shape == (2, 2)
+    assert hooks.mtp_mode == "eager" and hooks.talker_mtp.hidden_size == H  # the cpu driver has no graphs
+    params = sampling()
+    params.extra_args = {MTP_SEED_KEY: 5}
+    hooks.on_new_requests([("dec", params)])
+    b = dataclasses.replace(batch(), req_ids=["dec", "mid", "last", "dec2", "resum"],
+                            num_computed=np.array([10, 4, 16, 3, 0]), num_prompt=np.array([5, 20, 20, 3, 5]),
+                            query_start_loc=np.array([0, 1, 9, 13, 14, 22]))
+    ids = torch.arange(22)
+    embeds = torch.zeros(22, H)
+    hooks.preprocess(b, ids, embeds)
+    ((mtp_ids, last, text, kw),) = model.calls  # one batched call, the decode rows only
+    assert mtp_ids.tolist() == [0, 13] and (last == 2.0).all() and (text == 3.0).all()
+    assert isinstance(kw["generators"][0], torch.Generator) and kw["generators"][1] is None  # per-row seeds
+    assert (embeds[0] == 5.0).all() and (embeds[13] == 5.0).all() and not embeds[1:13].any()
+    assert hooks.payloads.get("dec")["codes"]["audio"].tolist() == [[0, 0]]
+    assert hooks.payloads.get("dec2")["codes"]["audio"].tolist() == [[13, 130]]
+    assert hooks.payloads.get("dec2")["meta"]["frame_valid"].item() is True
+    assert hooks.mtp_calls == {"dec": 1, "dec2": 1}
+    hooks.preprocess(b, ids, embeds)
+    assert hooks.mtp_calls == {"dec": 2, "dec2": 2}
+
+
+def test_a_hook_with_a_wrong_signature_fails_at_bind_naming_it(backend):
+    from core.hooks import ModelContractError
+
+    class BadPre:
+        has_preprocess = True
+
+        def preprocess(self, input_ids, input_embeds):  # no **kwargs for the request's state
+            pass
+
+    class BadMTP:
+        def talker_mtp(self, hidden, code0):  # the old two-input form
+            pass
+
+    class BadKey:
+        talker_mtp_output_key = "residual_codes"
+
+        def talker_mtp(self, a, b, c, d, **kw):
+            pass
+
+    class Ignored:
+        some_unknown_attribute = object()  # unknown attributes are ignored
+        has_preprocess = False
+
+        def preprocess(self):  # not declared (has_preprocess False): not read
+            pass
+
+    hooks = OmniHooks(backend)
+    with pytest.raises(ModelContractError, match=r"BadPre\.preprocess.*must accept \*\*kwargs"):
+        hooks.bind_model(BadPre())
+    with pytest.raises(ModelContractError, match=r"BadMTP\.talker_mtp.*takes 2 positional arguments, the core passes 4"):
+        hooks.bind_model(BadMTP())
+    with pytest.raises(ModelContractError, match=r"talker_mtp_output_key must be a \(category, qualifier\) pair"):
+        hooks.bind_model(BadKey())
+    hooks.bind_model(Ignored())
+    assert not hooks.uses_preprocess
 
 
 # --------------------------------------------------------- merge_step_outputs
@@ -359,8 +500,7 @@ def test_recomputed_positions_after_preemption_are_not_emitted_twice():
     from omni_backends.cpu.driver import CpuBackend
 
     hooks = OmniHooks(CpuBackend())
-    hooks.model = object()
-    hooks._model_postprocess = None
+    hooks.bind_model(object())
 
     def step(num_computed, n, prompt=4):
         h = torch.arange(num_computed, num_computed + n, dtype=torch.float32)[:, None].repeat(1, 2)

@@ -87,14 +87,19 @@ def vllm_config(demo_dir, cpu_selected):
 
 
 class TinyTalker(torch.nn.Module):
-    """A talker-shaped omni model without vLLM layers (the state needs only the
-    model contract): preprocess -> prompt_embeds, voice via omni kwargs, an
-    OmniOutput with per-token hidden states, the demo MTP head."""
+    """A talker-shaped omni model without vLLM layers, written to vLLM-Omni's
+    contract (the state needs only that): ``preprocess`` every step (prompt rows
+    from the state's ``thinker_hidden``, a decode row hands ``mtp_inputs`` to
+    the MTP), ``postprocess`` keeping the last hidden state, the voice via the
+    omni kwargs, an OmniOutput with per-token hidden states, and ``talker_mtp``
+    in vLLM-Omni's form over the demo MTP head."""
 
-    accepts_omni_kwargs = True
-    device_resident_payload_keys = ("prompt_embeds",)
+    have_multimodal_outputs = True
+    has_preprocess = True
+    has_postprocess = True
+    gpu_resident_buffer_keys = {("hidden_states", "last")}
     talker_mtp_graph_safe = True
-    talker_mtp_output_key = "residual_codes"
+    mtp_hidden_size = H
 
     def __init__(self):
         from core.models.demo import DemoTalkerMTP
@@ -113,20 +118,34 @@ class TinyTalker(torch.nn.Module):
     def embed_input_ids(self, input_ids):
         return self.embed(input_ids.long())
 
-    def omni_preprocess(self, payload):
-        return {"prompt_embeds": payload["thinker_hidden"] * 3.0}
+    def preprocess(self, input_ids, input_embeds, **info):
+        n = int(input_ids.shape[0])
+        offset = info["_omni_num_computed_tokens"]
+        k = max(0, min(n, info["_omni_prompt_len"] - offset))
+        emb = self.embed_input_ids(input_ids)
+        if k:
+            emb = torch.cat([info["thinker_hidden"][offset : offset + k] * 3.0, emb[k:]])
+        update = {}
+        if n == 1 and not info["_omni_is_prefill"]:
+            last = info.get("hidden_states", {}).get("last", torch.zeros(1, H))
+            update["mtp_inputs"] = (last, torch.zeros(1, H))
+        return input_ids, emb, update
 
-    def talker_mtp(self, hidden, code0):
-        return self.mtp(hidden, code0)
+    def postprocess(self, hidden_states, multimodal_outputs=None, **info):
+        return {"hidden_states": {"last": hidden_states[-1:].detach()}}
+
+    def talker_mtp(self, input_ids, input_embeds, last_talker_hidden, text_step, **sampling):
+        code0 = input_ids.reshape(-1).long()
+        return input_embeds + 1.0, torch.cat([code0[:, None], self.mtp(last_talker_hidden, code0)], dim=1)
 
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None,
-                runtime_additional_information=None, request_token_spans=None, **kwargs):
+                model_intermediate_buffer=None, request_token_spans=None, **kwargs):
         from core.outputs import OmniOutput
 
         self.forward_calls += 1
         x = self.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
         add = torch.zeros_like(x)
-        for payload, (s, e) in zip(runtime_additional_information or [], request_token_spans or []):
+        for payload, (s, e) in zip(model_intermediate_buffer or [], request_token_spans or []):
             add[s:e] = self.voice.weight[int(payload.get("voice", 0))]
         hidden = self.proj(x + add)
         return OmniOutput(hidden, {"hidden": hidden * 1.0})
@@ -272,7 +291,7 @@ def test_add_request_stores_the_payload_and_remove_request_frees_it(vllm_config)
     hooks = state.omni_hooks
     assert sorted(hooks.payloads.request_ids()) == sorted(IDS)
     for r in IDS:
-        torch.testing.assert_close(hooks.payloads.get(r)["prompt_embeds"], pl[r]["thinker_hidden"] * 3.0)
+        torch.testing.assert_close(hooks.payloads.get(r)["thinker_hidden"], pl[r]["thinker_hidden"])
         assert hooks.payloads.get(r)["voice"] == pl[r]["voice"]
     state.remove_request("mid")  # finished, aborted or preempted: vLLM removes it from the state
     assert sorted(hooks.payloads.request_ids()) == ["dec", "last"]
@@ -282,7 +301,7 @@ def test_add_request_stores_the_payload_and_remove_request_frees_it(vllm_config)
 
 # ----------------------------------------------------------- prepare_inputs
 @needs_vllm
-def test_prepare_inputs_writes_prompt_embeds_into_one_persistent_buffer(vllm_config):
+def test_prepare_inputs_runs_preprocess_and_the_mtp_into_one_persistent_buffer(vllm_config):
     model = TinyTalker()
     state = make_state(vllm_config, model)
     pl = payloads()
@@ -294,13 +313,20 @@ def test_prepare_inputs_writes_prompt_embeds_into_one_persistent_buffer(vllm_con
     kw = state.prepare_inputs(b, rs)
     emb = kw["inputs_embeds"]
     assert emb.shape == (padded, H) and emb.data_ptr() == buf.data_ptr()
-    assert kw["input_ids"] is None  # the model reads inputs_embeds (as vLLM does for prompt embeds)
     expect = model.embed_input_ids(b.input_ids[:NUM_TOKENS]).detach()
-    expect[1:9] = pl["mid"]["thinker_hidden"][4:12] * 3.0  # prompt positions 4..12
-    expect[9:13] = pl["last"]["thinker_hidden"][16:20] * 3.0  # prompt positions 16..20; row 0 is a decode
+    expect[0] += 1.0  # the decode row: the talker MTP's embeds (before the forward)
+    expect[1:9] = pl["mid"]["thinker_hidden"][4:12] * 3.0  # preprocess: prompt positions 4..12
+    expect[9:13] = pl["last"]["thinker_hidden"][16:20] * 3.0  # prompt positions 16..20
     torch.testing.assert_close(emb[:NUM_TOKENS], expect)
     assert [p["voice"] for p in kw["runtime_additional_information"]] == [1, 2, 3]
+    assert kw["model_intermediate_buffer"] is kw["runtime_additional_information"]
+    assert [p["request_id"] for p in kw["model_intermediate_buffer"]] == IDS
+    assert [p["_omni_is_prefill"] for p in kw["model_intermediate_buffer"]] == [False, True, True]
     assert kw["request_token_spans"] == [(0, 1), (1, 9), (9, 13)]
+    assert state.omni_hooks.mtp_calls == {"dec": 1}  # the decode row only
+    code0 = int(b.input_ids[0])
+    assert state.omni_hooks.payloads.get("dec")["codes"]["audio"].tolist() == [
+        [code0, *model.mtp(torch.zeros(1, H), torch.tensor([code0]))[0].tolist()]]
     # the next step writes the same buffer in place (what a FULL graph captured)
     kw2 = state.prepare_inputs(input_batch(padded=padded, seed=4), rs)
     assert kw2["inputs_embeds"].data_ptr() == buf.data_ptr()
@@ -327,12 +353,13 @@ def test_a_dummy_batch_gets_inputs_but_runs_no_request_hooks(vllm_config):
 
 # --------------------------------------- forward hook, sampler, postprocess, MTP
 @needs_vllm
-def test_one_step_postprocess_and_talker_mtp_through_the_sampler(vllm_config):
+def test_one_step_postprocess_and_multimodal_outputs_through_the_sampler(vllm_config):
     from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
     model = TinyTalker()
     state = make_state(vllm_config, model)
     assert state.omni_hooks.mtp_mode == "eager" and state.talker_mtp is not None  # cpu driver: no graphs
+    assert state.talker_mtp.last_talker_hidden.shape == (MAX_REQS, H)  # sized by mtp_hidden_size
     rs = add_all(state, payloads())
     b = input_batch()
     kw = state.prepare_inputs(b, rs)
@@ -349,17 +376,10 @@ def test_one_step_postprocess_and_talker_mtp_through_the_sampler(vllm_config):
     for i, r in enumerate(IDS):
         s, e = (0, 1, 9, 13)[i], (0, 1, 9, 13)[i + 1]
         torch.testing.assert_close(step[r]["hidden"], raw.text_hidden_states[s:e].detach())
-    # MTP: once per sampled token, on the request's last row; "mid" does not sample
-    rows = raw.text_hidden_states[[0, 12]].detach()
-    code0 = so.sampled_token_ids[[0, 2], 0]
-    expect = model.mtp(rows, code0)
-    assert step["dec"]["residual_codes"].tolist() == expect[0:1].tolist()
-    assert step["last"]["residual_codes"].tolist() == expect[1:2].tolist()
-    assert "residual_codes" not in step["mid"]
-    assert state.omni_hooks.mtp_calls == {"dec": 1, "last": 1}
-    # the stored codes are not views of the persistent output buffer
-    state.talker_mtp.out.fill_(-1)
-    assert step["dec"]["residual_codes"].min() >= 0
+        # postprocess merged the request's last hidden state into its state (the next decode's MTP input)
+        torch.testing.assert_close(state.omni_hooks.payloads.get(r)["hidden_states"]["last"],
+                                   raw.text_hidden_states[e - 1 : e].detach())
+    assert state.omni_hooks.mtp_calls == {"dec": 1}  # ran before the forward, not after sampling
 
 
 @needs_vllm
@@ -384,7 +404,9 @@ def test_full_graph_replay_reads_the_persistent_outputs(vllm_config):
     sampler(model.compute_logits(hidden_buf[:16][b.logits_indices]), b)
     step = state.omni_hooks._step_outputs
     torch.testing.assert_close(step["mid"]["hidden"], replayed.text_hidden_states[1:9].detach())
-    assert state.omni_hooks.mtp_calls == {"dec": 1, "last": 1}
+    torch.testing.assert_close(state.omni_hooks.payloads.get("mid")["hidden_states"]["last"],
+                               replayed.text_hidden_states[8:9].detach())
+    assert state.omni_hooks.mtp_calls == {"dec": 1}
 
 
 @needs_vllm
@@ -395,8 +417,9 @@ def test_models_with_per_request_kwargs_opt_out_of_full_graphs(vllm_config):
     support, who = state.get_additional_cg_support()
     assert support == AttentionCGSupport.NEVER and "per-request omni model kwargs" in who
 
-    class NoKwargs(TinyTalker):
-        accepts_omni_kwargs = False
+    class NoKwargs(TinyTalker):  # a forward that takes none of the omni kwargs
+        def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+            return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
 
     assert make_state(vllm_config, NoKwargs()).get_additional_cg_support()[0] == AttentionCGSupport.ALWAYS
 
@@ -410,21 +433,21 @@ class RecordingGraphWrapper:
     def __init__(self, runnable):
         self.runnable, self.entries, self.events = runnable, {}, []
 
-    def __call__(self, hidden, code0):
+    def __call__(self, ids, embeds, last, text, **sampling):
         from vllm.config import CUDAGraphMode
         from vllm.forward_context import get_forward_context
 
         ctx = get_forward_context()
         assert ctx.cudagraph_runtime_mode == CUDAGraphMode.FULL
         key = ctx.batch_descriptor
-        addrs = (hidden.data_ptr(), code0.data_ptr(), tuple(hidden.shape))
+        addrs = tuple(t.data_ptr() for t in (ids, embeds, last, text)) + (tuple(embeds.shape),)
         if key not in self.entries:
             self.entries[key] = addrs
             self.events.append(("capture", key.num_tokens))
         else:
             assert self.entries[key] == addrs, "replay with other input addresses than the capture"
             self.events.append(("replay", key.num_tokens))
-        return self.runnable(hidden, code0)
+        return self.runnable(ids, embeds, last, text, **sampling)
 
 
 @needs_vllm
@@ -432,10 +455,10 @@ def test_static_mtp_pads_to_capture_sizes_on_fixed_addresses(vllm_config, cpu_se
     from vllm.config import CUDAGraphMode
     from vllm.forward_context import BatchDescriptor
 
-    from core.model_state import StaticTalkerMTP
+    from core.hooks import TalkerMTP
     from omni_backends.backend import capture_sizes
 
-    head = TinyTalker().mtp
+    head = TinyTalker().talker_mtp
     wrapper = RecordingGraphWrapper(head)
 
     def context(p):
@@ -443,27 +466,30 @@ def test_static_mtp_pads_to_capture_sizes_on_fixed_addresses(vllm_config, cpu_se
                                             batch_descriptor=BatchDescriptor(num_tokens=p))
 
     sizes = capture_sizes(MAX_REQS)
-    static = StaticTalkerMTP(wrapper, MAX_REQS, H, torch.float32, torch.device("cpu"), sizes=sizes, context=context)
+    static = TalkerMTP(wrapper, MAX_REQS, H, torch.float32, torch.device("cpu"), eager=head, sizes=sizes,
+                       context=context)
     assert static.capture() == len(sizes)
     assert wrapper.events == [("capture", p) for p in reversed(sizes)]
     g = torch.Generator().manual_seed(5)
     for n in (1, 3, 8, 2):
-        rows = torch.randn(n, H, generator=g)
-        code0 = torch.randint(0, VOCAB, (n,), generator=g)
-        got = static(rows, code0)
+        rows = (torch.randint(0, VOCAB, (n,), generator=g), torch.randn(n, H, generator=g),
+                torch.randn(n, H, generator=g), torch.zeros(n, H))
+        embeds, codes = static(*rows)
         p = static.padded(n)
         assert wrapper.events[-1] == ("replay", p) and p >= n and p in sizes
-        assert got.tolist() == head(rows, code0).tolist()
-        assert not static.hidden[n:p].any() and not static.code0[n:p].any()
-        assert got.data_ptr() != static.out.data_ptr()
+        want_e, want_c = head(*rows)
+        assert codes.tolist() == want_c.tolist()
+        torch.testing.assert_close(embeds, want_e)
+        assert not static.last_talker_hidden[n:p].any() and not static.input_ids[n:p].any()
+        assert codes.data_ptr() != static.out_codes.data_ptr()
     with pytest.raises(ValueError, match="max_num_reqs=8"):
-        static(torch.zeros(9, H), torch.zeros(9, dtype=torch.int64))
+        static(torch.zeros(9, dtype=torch.int64), torch.zeros(9, H), torch.zeros(9, H), torch.zeros(9, H))
     with pytest.raises(ValueError, match="do not reach max_num_reqs"):
-        StaticTalkerMTP(head, 16, H, torch.float32, torch.device("cpu"), sizes=[1, 2, 4])
+        TalkerMTP(head, 16, H, torch.float32, torch.device("cpu"), sizes=[1, 2, 4])
 
 
 # ------------------------------------------------ V1 and V2: the same hooks
-PROTOCOL = ("on_new_requests", "on_finished_requests", "needs_embeds", "prepare_prefill_embeds",
+PROTOCOL = ("on_new_requests", "on_finished_requests", "needs_embeds", "prepare_prefill_embeds", "preprocess",
             "build_extra_kwargs", "process_model_output", "run_talker_mtp", "get_model_runner_output")
 
 
@@ -521,8 +547,12 @@ def _v1_step(model, pl, b):
             self.query_start_loc = types.SimpleNamespace(np=b.query_start_loc_np.copy())
             self.inputs_embeds = types.SimpleNamespace(gpu=torch.zeros(MAX_TOKENS, H))
             self.model = model
-            self.max_num_tokens, self.dtype = MAX_TOKENS, torch.float32
+            self.max_num_tokens, self.max_num_reqs, self.dtype = MAX_TOKENS, MAX_REQS, torch.float32
+            self.device = torch.device("cpu")
             self.model_config = types.SimpleNamespace(get_hidden_size=lambda: H)
+            self.requests = {}
+            self.sampler = None
+            self.input_batch.sampling_metadata = None
 
         def load_model(self):
             pass
@@ -756,11 +786,12 @@ def graph_device(request: pytest.FixtureRequest):
 
 @pytest.mark.device_tier
 def test_static_mtp_under_real_graph_replay_equals_eager(graph_device):
-    """Device level: ``StaticTalkerMTP`` feeding one captured graph per capture
-    size (the driver's torch-level graph primitive, shared pool, address check
-    on every replay, as vLLM's CUDAGraphWrapper does in debug mode); each
-    step's codes equal the eager head's on the same rows."""
-    from core.model_state import StaticTalkerMTP
+    """Device level: :class:`core.hooks.TalkerMTP` (vLLM-Omni's four-input form)
+    feeding one captured graph per capture size (the driver's torch-level graph
+    primitive, shared pool, address check on every replay, as vLLM's
+    CUDAGraphWrapper does in debug mode); each step's embeds and codes equal the
+    eager head's on the same rows."""
+    from core.hooks import TalkerMTP
     from omni_backends.backend import capture_sizes
     from omni_backends.torch_device import StaticGraph
 
@@ -770,40 +801,44 @@ def test_static_mtp_under_real_graph_replay_equals_eager(graph_device):
     code_embed = torch.nn.Embedding(vocab, hidden_size).to(dev)
 
     @torch.no_grad()
-    def head(hidden, code0):  # the demo MTP's shape: greedy residual codebooks, shape-static
-        x = hidden + code_embed(code0)
-        codes = []
+    def head(ids, embeds, last_hidden, text_step, **sampling):  # greedy residual codebooks, shape-static
+        x = last_hidden + code_embed(ids)
+        codes, out = [ids], embeds + text_step
         for h in heads:
             code = h(x).argmax(-1)
             codes.append(code)
             x = x + code_embed(code)
-        return torch.stack(codes, -1)
+            out = out + code_embed(code)
+        return out, torch.stack(codes, -1)
 
     pool = graph_device.graph_pool_handle()
     graphs: dict[int, StaticGraph] = {}
 
-    def graphed(hidden, code0):
-        p = hidden.shape[0]
+    def graphed(*inputs, **sampling):
+        p = inputs[0].shape[0]
         if p not in graphs:
-            graphs[p] = StaticGraph(graph_device, head, (hidden, code0), pool=pool, debug=True)
+            graphs[p] = StaticGraph(graph_device, head, inputs, pool=pool, debug=True)
             return graphs[p].outputs
-        return graphs[p].replay(hidden, code0)  # raises if the inputs are not the captured buffers
+        return graphs[p].replay(*inputs)  # raises if the inputs are not the captured buffers
 
     sizes = capture_sizes(max_reqs)
-    static = StaticTalkerMTP(graphed, max_reqs, hidden_size, torch.float32, dev, sizes=sizes)
+    static = TalkerMTP(graphed, max_reqs, hidden_size, torch.float32, dev, eager=head, sizes=sizes)
     assert static.capture() == len(sizes) == len(graphs)
     g = torch.Generator(device=dev).manual_seed(1)
     checked = 0
     for step in range(40):
         n = 1 + (step * 7) % max_reqs
-        rows = torch.randn(n, hidden_size, device=dev, generator=g)
-        code0 = torch.randint(0, vocab, (n,), device=dev, generator=g)
-        got = static(rows, code0)
-        want = head(rows, code0)
-        assert torch.equal(got, want), f"step {step}: n={n} padded to {static.padded(n)}"
+        rows = (torch.randint(0, vocab, (n,), device=dev, generator=g),
+                torch.randn(n, hidden_size, device=dev, generator=g),
+                torch.randn(n, hidden_size, device=dev, generator=g),
+                torch.randn(n, hidden_size, device=dev, generator=g))
+        embeds, codes = static(*rows)
+        want_e, want_c = head(*rows)
+        assert torch.equal(codes, want_c), f"step {step}: n={n} padded to {static.padded(n)}"
+        torch.testing.assert_close(embeds, want_e)
         checked += n
     graph_device.synchronize()
-    assert checked > 300 and static.out.shape == (max_reqs, 3)
+    assert checked > 300 and static.out_codes.shape == (max_reqs, 4)
 
 
 @needs_vllm
@@ -813,7 +848,7 @@ def test_models_without_prompt_embeds_keep_vllms_input_ids_path(vllm_config):
     logprob gap to stock vLLM was seen on the H200 when every model took embeds)."""
 
     class Thinker(TinyTalker):
-        omni_preprocess = None
+        has_preprocess = False
 
     assert make_state(vllm_config, TinyTalker()).omni_inputs_embeds is not None
     state = make_state(vllm_config, Thinker())
