@@ -74,9 +74,9 @@ def test_payloads_released_after_finish_and_abort(run_scenario):
 
     assert match("done", during["payload_ids"]) and match("aborted", during["payload_ids"])
     for req, devices in during["payload_devices"].items():
-        # the talker declares prompt_embeds device-resident: it lives on the driver's device type (cpu here);
-        # everything else is offloaded to the CPU
-        assert devices == {"thinker_hidden": "cpu", "prompt_embeds": "cpu"}
+        # top-level state tensors are offloaded to the CPU (the talker's device-resident pairs,
+        # hidden_states.last / codes.audio, are nested: tests/core/test_payloads.py checks their placement)
+        assert devices == {"thinker_hidden": "cpu"}
     assert not match("done", after["payload_ids"]), after
     assert not match("aborted", after["payload_ids"]), after
     assert len(after["payload_ids"]) == 1 and after["payload_ids"][0].startswith("talk-next")
