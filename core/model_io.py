@@ -205,17 +205,30 @@ def _persistent(buf: torch.Tensor | None, value: torch.Tensor, rows: int) -> tor
 # ------------------------------------------------------------------ graph mode
 def feeds_prompt_embeds(model: Any) -> bool:
     """True if the model's payloads may bring prompt embeddings (it has a
-    preprocess hook: ``omni_preprocess`` / vLLM-Omni's ``has_preprocess``), so
+    preprocess hook: vLLM-Omni's ``has_preprocess``), so
     its forward takes ``inputs_embeds``; other models keep vLLM's
     ``input_ids`` path, and with it the same compiled graphs as stock vLLM."""
-    return getattr(model, "omni_preprocess", None) is not None or bool(getattr(model, "has_preprocess", False))
+    return bool(getattr(model, "has_preprocess", False))
+
+
+#: vLLM-Omni's per-request forward kwargs (Python objects: a FULL graph would freeze the capture batch's)
+PER_REQUEST_KWARGS = ("model_intermediate_buffer", "runtime_additional_information", "request_token_spans",
+                      "seq_token_counts", "request_ids")
 
 
 def takes_per_request_kwargs(model: Any) -> bool:
-    """True if the model's forward reads per-request Python objects
-    (``accepts_omni_kwargs``: ``runtime_additional_information``,
-    ``request_token_spans``), which a FULL graph would freeze at capture."""
-    return bool(getattr(model, "accepts_omni_kwargs", False))
+    """True if the model's forward names one of vLLM-Omni's per-request kwargs
+    (:data:`PER_REQUEST_KWARGS`, e.g. ``model_intermediate_buffer``), which a
+    FULL graph would freeze at capture. A forward that only has ``**kwargs``
+    (vLLM-Omni's talker) is taken not to read them."""
+    import inspect
+
+    forward = getattr(model, "forward", None)
+    try:
+        params = inspect.signature(forward).parameters if forward is not None else {}
+    except (TypeError, ValueError):
+        return False
+    return any(name in params for name in PER_REQUEST_KWARGS)
 
 
 def limit_cudagraph_mode(vllm_config: Any, model: Any) -> Any:

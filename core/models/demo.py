@@ -180,13 +180,17 @@ class OmniDemoTalker(LlamaForCausalLM):
         return embeds, torch.cat([code0[:, None], residual], dim=1)
 
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None,
-                model_intermediate_buffer: list[dict] | None = None, **kwargs: Any):
+                model_intermediate_buffer: list[dict] | None = None, request_token_spans: list | None = None,
+                **kwargs: Any):
         if inputs_embeds is None:
             inputs_embeds = self.embed_input_ids(input_ids)
         hidden = super().forward(None, positions, intermediate_tensors, inputs_embeds)
         if not model_intermediate_buffer:  # dummy / profile runs
             return hidden
-        codes = torch.cat([info["codes"]["audio"] for info in model_intermediate_buffer])
+        none = torch.full((1, self.config.num_codebooks), -1, dtype=torch.int64, device=hidden.device)
+        codes = torch.cat([  # a request without state (vLLM's own warm-up request) gets -1 rows
+            (info.get("codes") or {}).get("audio", none.expand(e - s, -1))
+            for info, (s, e) in zip(model_intermediate_buffer, request_token_spans)])
         return OmniOutput(text_hidden_states=hidden, multimodal_outputs={"codes": {"audio": codes}})
 
 

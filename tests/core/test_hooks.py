@@ -404,8 +404,8 @@ def test_talker_mtp_runs_before_the_forward_on_decode_rows_once_per_step(backend
     model = _Talker()
     hooks.bind_model(model, vllm_config=None)
     assert hooks.mtp_mode == "eager" and hooks.talker_mtp.hidden_size == H  # the cpu driver has no graphs
-    params = sampling()
-    params.extra_args = {MTP_SEED_KEY: 5}
+    params = sampling(payload={"text": ["x"]})
+    params.extra_args[MTP_SEED_KEY] = 5
     hooks.on_new_requests([("dec", params)])
     b = dataclasses.replace(batch(), req_ids=["dec", "mid", "last", "dec2", "resum"],
                             num_computed=np.array([10, 4, 16, 3, 0]), num_prompt=np.array([5, 20, 20, 3, 5]),

@@ -243,28 +243,44 @@ def test_stored_outputs_survive_the_next_forward_when_to_host_returns_its_input(
 def test_vllms_warmup_requests_without_a_payload_skip_the_models_preprocess():
     """vLLM 0.26's V2 warm-up (``warmup_kernels``) schedules real requests
     (``_v2_mixed_warmup_*``) with plain SamplingParams: a model whose
-    preprocess needs its payload must not see them (seen on the H200)."""
+    preprocess / postprocess need the request's state must not see them (seen
+    on the H200); the rows of such a request keep vLLM's token embeddings."""
     pytest.importorskip("vllm")
+    import numpy as np
     from vllm import SamplingParams
 
-    from core.hooks import OmniHooks
+    from core.hooks import BatchView, OmniHooks
     from core.payloads import EXTRA_ARGS_KEY, pack
 
     class Talker:
-        def omni_preprocess(self, payload):
-            if "thinker_hidden" not in payload:
-                raise ValueError("talker request needs 'thinker_hidden'")
-            return {"prompt_embeds": payload["thinker_hidden"] * 2}
+        has_preprocess = has_postprocess = True
 
-    hooks = OmniHooks(types.SimpleNamespace(name="t", device=lambda: torch.device("cpu")))
+        def preprocess(self, input_ids, input_embeds, **info):
+            if "thinker_hidden" not in info:
+                raise ValueError("talker request needs 'thinker_hidden'")
+            return input_ids, info["thinker_hidden"] * 2, {}
+
+        def postprocess(self, hidden, multimodal_outputs=None, **info):
+            if "thinker_hidden" not in info:
+                raise ValueError("talker request needs 'thinker_hidden'")
+            return {"seen": True}
+
+    hooks = OmniHooks(types.SimpleNamespace(name="t", device=lambda: torch.device("cpu"), to_host=lambda t: t))
     hooks.bind_model(Talker())
     hooks.on_new_requests([("_v2_mixed_warmup_decode_", SamplingParams(max_tokens=2, temperature=0.0))])
     assert hooks.payloads.get("_v2_mixed_warmup_decode_") == {}
     user = SamplingParams(max_tokens=2, extra_args={EXTRA_ARGS_KEY: pack({"thinker_hidden": torch.ones(2, 3)})})
     hooks.on_new_requests([("u", user)])
-    assert torch.equal(hooks.payloads.get("u")["prompt_embeds"], torch.full((2, 3), 2.0))
-    with pytest.raises(ValueError, match="thinker_hidden"):  # a payload the model rejects still fails loudly
-        hooks.on_new_requests([("bad", SamplingParams(extra_args={EXTRA_ARGS_KEY: pack({"voice": 1})}))])
+    batch = BatchView(["_v2_mixed_warmup_decode_", "u"], np.array([0, 2, 4]), np.array([0, 0]), np.array([2, 2]))
+    embeds = torch.full((4, 3), -1.0)
+    hooks.preprocess(batch, torch.arange(4), embeds)
+    assert (embeds[:2] == -1).all() and (embeds[2:] == 2).all()
+    hooks.process_model_output(torch.zeros(4, 3), batch)
+    assert hooks.payloads.get("u")["seen"] is True and "seen" not in hooks.payloads.get("_v2_mixed_warmup_decode_")
+    hooks.on_new_requests([("bad", SamplingParams(extra_args={EXTRA_ARGS_KEY: pack({"voice": 1})}))])
+    bad = BatchView(["bad"], np.array([0, 2]), np.array([0]), np.array([2]))
+    with pytest.raises(ValueError, match="thinker_hidden"):  # a state the model rejects still fails loudly
+        hooks.preprocess(bad, torch.arange(2), torch.zeros(2, 3))
 
 
 def test_the_omni_scheduler_keeps_vllms_async_scheduling():
@@ -305,8 +321,10 @@ def test_models_reading_per_request_kwargs_get_no_full_graphs_on_v1_and_v2():
 
     from core.model_state import OmniV2RunnerMixin
 
-    class Talker(OmniModel):
-        accepts_omni_kwargs = True
+    class Talker(OmniModel):  # its forward reads vLLM-Omni's per-request state
+        def forward(self, input_ids, positions=None, intermediate_tensors=None, inputs_embeds=None,
+                    model_intermediate_buffer=None, **kw):
+            return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
 
     cases = [(Talker, CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.PIECEWISE),
              (Talker, CUDAGraphMode.FULL, CUDAGraphMode.NONE),
@@ -347,13 +365,14 @@ def test_talker_mtp_is_graph_wrapped_only_when_the_engine_captures_graphs():
     wrapped = []
     backend = types.SimpleNamespace(
         name="graphs", capabilities=lambda: types.SimpleNamespace(talker_mtp_graph=True),
-        wrap_graph=lambda fn, cfg, mode: wrapped.append(mode) or fn)
+        wrap_graph=lambda fn, cfg, mode: wrapped.append(mode) or fn, device=lambda: torch.device("cpu"))
 
     class Talker:
         talker_mtp_graph_safe = True
+        mtp_hidden_size = H
 
-        def talker_mtp(self, hidden, code0):
-            return code0[:, None]
+        def talker_mtp(self, input_ids, input_embeds, last_talker_hidden, text_step, **sampling):
+            return input_embeds, input_ids[:, None]
 
     for mode, expect in ((CUDAGraphMode.NONE, "eager"), (CUDAGraphMode.PIECEWISE, "graph"),
                          (CUDAGraphMode.FULL_AND_PIECEWISE, "graph")):
@@ -371,18 +390,19 @@ def test_talker_mtp_graphs_are_captured_once_whichever_seam_vllm_reaches():
     pytest.importorskip("vllm")
     import contextlib
 
-    from core.model_state import OmniModelStateMixin, OmniV2RunnerMixin, StaticTalkerMTP
+    from core.hooks import TalkerMTP
+    from core.model_state import OmniModelStateMixin, OmniV2RunnerMixin
 
     calls = []
     backend = types.SimpleNamespace(graph_capture_context=lambda device: contextlib.nullcontext())
 
-    def head(hidden, code0):
-        calls.append(hidden.shape[0])
-        return code0[:, None]
+    def head(input_ids, input_embeds, last_talker_hidden, text_step, **sampling):
+        calls.append(input_ids.shape[0])
+        return input_embeds, input_ids[:, None]
 
     for state_captures in (False, True):  # 0.26, then >= 0.32
         calls.clear()
-        mtp = StaticTalkerMTP(head, 4, H, torch.float32, torch.device("cpu"), sizes=[1, 2, 4])
+        mtp = TalkerMTP(head, 4, H, torch.float32, torch.device("cpu"), sizes=[1, 2, 4])
         state = OmniModelStateMixin.__new__(OmniModelStateMixin)
         state.talker_mtp, state.backend, state.device = mtp, backend, torch.device("cpu")
 
@@ -398,10 +418,10 @@ def test_talker_mtp_graphs_are_captured_once_whichever_seam_vllm_reaches():
         runner.model_state = state
         assert runner.capture_model() == 3
         assert calls == [4, 2, 1] and mtp.captured == 3, state_captures  # once, largest first
-        mtp(torch.zeros(1, H), torch.zeros(1, dtype=torch.int64))
+        mtp(torch.zeros(1, dtype=torch.int64), torch.zeros(1, H), torch.zeros(1, H), torch.zeros(1, H))
         assert mtp.replays == 1
     calls.clear()
-    mtp = StaticTalkerMTP(head, 4, H, torch.float32, torch.device("cpu"), sizes=[1, 2, 4])
+    mtp = TalkerMTP(head, 4, H, torch.float32, torch.device("cpu"), sizes=[1, 2, 4])
     state.talker_mtp = mtp
     runner.capture_model(profile_only=True)  # vLLM 0.33's memory profiling pass captures nothing
     assert calls == [] and mtp.captured == 0
