@@ -48,16 +48,13 @@ V1_SEAMS = (
     Seam("_preprocess", params=("scheduler_output", "num_input_tokens", "intermediate_tensors"),
          required=("scheduler_output", "num_input_tokens"), ours="core/runner.py:OmniV1RunnerMixin._preprocess"),
     Seam("_model_forward", ours="core/runner.py:OmniV1RunnerMixin._model_forward"),  # passed through
-    Seam("_sample", params=("logits", "spec_decode_metadata"), required=("logits", "spec_decode_metadata"),
-         ours="core/runner.py:OmniV1RunnerMixin._sample"),
     Seam("sample_tokens", params=("grammar_output",), required=("grammar_output",),
          ours="core/runner.py:OmniV1RunnerMixin.sample_tokens"),
 )
 V1_EDGES = (
     CallEdge("execute_model", "_update_states", why="on_new_requests / on_finished_requests"),
-    CallEdge("execute_model", "_preprocess", why="prefill embeds, extra model kwargs"),
+    CallEdge("execute_model", "_preprocess", why="model preprocess + talker MTP before the forward, extra model kwargs"),
     CallEdge("execute_model", "_model_forward", why="process_model_output"),
-    CallEdge("sample_tokens", "_sample", why="talker MTP per sampled token"),
     # where the model is also called (facts for the matrix, not relied on)
     CallEdge("profile_run", "_dummy_run", relied_on=False, why="memory profiling calls the model"),
     CallEdge("capture_model", "_dummy_run", relied_on=False, why="graph capture calls the model"),

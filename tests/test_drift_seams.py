@@ -602,9 +602,9 @@ def test_the_core_contract_on_the_installed_vllm_cpu_runner():
                         installed_sources({"vllm"}))
     by = {(f.fact, f.seam): f for f in facts}
     assert by[("chain", "base runner chain")].found.startswith("vllm.v1.worker.cpu_model_runner.CPUModelRunner <- ")
-    for seam in ("_update_states", "_preprocess", "_model_forward", "_sample", "sample_tokens", "load_model"):
+    for seam in ("_update_states", "_preprocess", "_model_forward", "sample_tokens", "load_model"):
         assert by[("seam", seam)].status == "clean", by[("seam", seam)]
-    for edge in ("execute_model -> _preprocess", "sample_tokens -> _sample", "warming_up_model -> _dummy_run"):
+    for edge in ("execute_model -> _preprocess", "execute_model -> _model_forward", "warming_up_model -> _dummy_run"):
         assert by[("call-edge", edge)].status == "clean"
     dummy = [f for f in facts if f.fact == "model-call" and f.seam.startswith("GPUModelRunner._dummy_run")]
     assert dummy and "warming_up_model" in dummy[0].found
