@@ -53,9 +53,10 @@ DRIFT_KINDS = (
     "new-required-param",
     "changed-default",
     "import-error",
+    "missing-behaviour",
 )
 #: finding kinds that are reported but are not drift.
-NOTE_KINDS = ("not-checked", "unverifiable", "kwargs-only", "guarded-import")
+NOTE_KINDS = ("not-checked", "unverifiable", "kwargs-only", "guarded-import", "alternative")
 
 _VAR_KINDS = ("var_positional", "var_keyword")
 
@@ -546,6 +547,7 @@ class SourceResolver:
 
     def resolve(self, sym: VendorSymbol) -> tuple[str, list[Param] | None, str]:
         """(vendor file:line, signature params or None, what it is). Raises _Missing/_Unverifiable."""
+        self.last_node = None
         if not self.covers(sym.module):
             raise _Unverifiable(f"{sym.module.split('.')[0]} is not in the given sources")
         if self.native(sym.module):
@@ -571,6 +573,7 @@ class SourceResolver:
             d = _Def("member", node, where_mod.module)
         if d.kind == "module":
             return d.module, None, "module"
+        self.last_node = node
         where = f"{where_mod.rel}:{getattr(node, 'lineno', '?')}"
         if sym.kind in ("attribute", "module") or not (sym.params or sym.required is not None or sym.defaults):
             return where, None, type(node).__name__
@@ -580,6 +583,11 @@ class SourceResolver:
         if isinstance(node, ast.ClassDef):
             return where, self._class_signature(where_mod, node), "class"
         raise _Unverifiable(f"{sym.qualname} is bound by an assignment at {where}; its signature cannot be read statically")
+
+    def source_text(self, sym: VendorSymbol) -> str | None:
+        """Source of the definition :meth:`resolve` found last (``ast.unparse``)."""
+        node = getattr(self, "last_node", None)
+        return ast.unparse(node) if isinstance(node, ast.AST) else None
 
     def _class_signature(self, idx: _ModuleIndex, cls: ast.ClassDef) -> list[Param]:
         try:
@@ -690,7 +698,17 @@ class InstalledResolver:
         except (ImportError, ValueError):
             return False
 
+    def source_text(self, sym: VendorSymbol) -> str | None:
+        """Source of the object :meth:`resolve` found last (``inspect.getsource``), or None."""
+        import inspect
+
+        try:
+            return inspect.getsource(self.last_obj)
+        except (TypeError, OSError, AttributeError):
+            return None
+
     def resolve(self, sym: VendorSymbol) -> tuple[str, list[Param] | None, str]:
+        self.last_obj = None
         if not self.covers(sym.module):
             raise _Unverifiable(f"{sym.module.split('.')[0]} is not installed")
         try:
@@ -709,6 +727,7 @@ class InstalledResolver:
                     return _where(obj), None, "instance attribute"
                 raise _Missing("missing-symbol", f"{getattr(obj, '__name__', obj)!s} has no {part!r}")
             obj = getattr(obj, part)
+        self.last_obj = obj
         where = _where(obj)
         if sym.kind in ("attribute", "module") or not (sym.params or sym.required is not None or sym.defaults):
             return where, None, type(obj).__name__
@@ -796,34 +815,65 @@ def _same_default(got: str, expected: str) -> bool:
         return got.rsplit(".", 2)[-2:] == expected.rsplit(".", 2)[-2:]
 
 
+def _check_symbol(sym: VendorSymbol, resolver: Any) -> tuple[bool, list[tuple[str, str, str | None]]]:
+    """(checked, [(kind, message, vendor_at)]) for one spelling of a declaration."""
+    try:
+        where, params, _what = resolver.resolve(sym)
+    except _Missing as exc:
+        return True, [(exc.kind, str(exc), exc.where)]
+    except _Unverifiable as exc:
+        kind = "not-checked" if "not in the given sources" in str(exc) or "not installed" in str(exc) else "unverifiable"
+        return False, [(kind, str(exc), None)]
+    out: list[tuple[str, str, str | None]] = []
+    if params is not None:
+        out += [(kind, message, where) for kind, message in compare_signature(sym, params)]
+    if sym.mentions:
+        text = resolver.source_text(sym)
+        if text is None:
+            out.append(("unverifiable", f"cannot read the source of {sym.qualname} to check it mentions "
+                                        f"{', '.join(sym.mentions)}", where))
+        else:
+            gone = [m for m in sym.mentions if m not in text]
+            if gone:
+                out.append(("missing-behaviour", f"{sym.qualname} no longer mentions {', '.join(gone)}: the behaviour "
+                                                 "the binding relies on is gone", where))
+    return True, out
+
+
 def check_declarations(driver: str, declared: Iterable[Declared], resolver: Any) -> DriverReport:
-    """Resolve every declaration with ``resolver`` (:class:`InstalledResolver` / :class:`SourceResolver`)."""
+    """Resolve every declaration with ``resolver`` (:class:`InstalledResolver` / :class:`SourceResolver`).
+
+    A declaration with ``alternatives`` passes when one spelling resolves
+    without drift (first its own, then the alternatives in order); a note
+    (``alternative``) says which one. Otherwise its own spelling's findings
+    are reported, naming the alternatives tried."""
     findings: list[Finding] = []
     checked = 0
     declared = list(declared)
     for d in declared:
-        sym = d.symbol
-
         def add(kind: str, message: str, vendor_at: str | None = None, d: Declared = d) -> None:
             findings.append(
                 Finding(driver, d.name, d.symbol.qualname, kind, message, _rel_defined_at(d.symbol.defined_at),
                         list(d.used_at), vendor_at)
             )
 
-        try:
-            where, params, _what = resolver.resolve(sym)
-        except _Missing as exc:
-            checked += 1
-            add(exc.kind, str(exc), exc.where)
-            continue
-        except _Unverifiable as exc:
-            kind = "not-checked" if "not in the given sources" in str(exc) or "not installed" in str(exc) else "unverifiable"
-            add(kind, str(exc))
-            continue
-        checked += 1
-        if params is not None:
-            for kind, message in compare_signature(sym, params):
-                add(kind, message, where)
+        main_checked, main = _check_symbol(d.symbol, resolver)
+        chosen: tuple[VendorSymbol, bool, list] = (d.symbol, main_checked, main)
+        if any(kind in DRIFT_KINDS for kind, _, _ in main):
+            for alt in d.symbol.alternatives:
+                alt_checked, alt_out = _check_symbol(alt, resolver)
+                if alt_checked and not any(kind in DRIFT_KINDS for kind, _, _ in alt_out):
+                    chosen = (alt, alt_checked, alt_out)
+                    break
+        sym, was_checked, out = chosen
+        checked += int(was_checked)
+        if sym is not d.symbol:
+            add("alternative", f"{d.symbol.qualname} is absent here; the seam resolves as {sym.qualname} "
+                               f"(declared alternative)")
+        for kind, message, where in out:
+            if sym is d.symbol and d.symbol.alternatives and kind in DRIFT_KINDS:
+                message += f" (alternatives tried: {', '.join(a.qualname for a in d.symbol.alternatives)})"
+            add(kind, message, where)
     return DriverReport(driver, len(declared), checked, findings)
 
 
