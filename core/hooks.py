@@ -136,7 +136,8 @@ class OmniHooks:
             self._mtp, self.mtp_mode = None, "none"
             return
         caps = self.backend.capabilities()
-        if caps.talker_mtp_graph and getattr(model, "talker_mtp_graph_safe", False) and vllm_config is not None:
+        graphs_on = vllm_config is not None and _graphs_enabled(vllm_config)
+        if caps.talker_mtp_graph and getattr(model, "talker_mtp_graph_safe", False) and graphs_on:
             from vllm.config import CUDAGraphMode
 
             self._mtp = self.backend.wrap_graph(mtp, vllm_config, CUDAGraphMode.FULL)
@@ -144,7 +145,8 @@ class OmniHooks:
         else:
             self._mtp = mtp
             self.mtp_mode = "eager"
-            log.info("talker MTP runs eager: driver %s has talker_mtp_graph=%s", self.backend.name, caps.talker_mtp_graph)
+            log.info("talker MTP runs eager: driver %s has talker_mtp_graph=%s, engine graphs %s", self.backend.name,
+                     caps.talker_mtp_graph, "on" if graphs_on else "off (enforce_eager / cudagraph_mode NONE)")
         if mtp_runner is not None:
             self._mtp = mtp_runner(self._mtp)
 
@@ -310,3 +312,14 @@ def _owned(host: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
 @functools.lru_cache(maxsize=None)
 def _field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def _graphs_enabled(vllm_config: Any) -> bool:
+    """False when the engine runs without graphs (``enforce_eager`` or ``cudagraph_mode`` NONE): the talker MTP
+    then runs eager too, so ``--enforce-eager`` compares a wholly eager run."""
+    model_config = getattr(vllm_config, "model_config", None)
+    if getattr(model_config, "enforce_eager", False):
+        return False
+    mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
+    return mode is None or getattr(mode, "name", str(mode)) != "NONE"
+

@@ -69,6 +69,9 @@ class OmniWorkerMixin:
             ),
             "mtp_calls": dict(hooks.mtp_calls) if hooks else None,
             "mtp_mode": hooks.mtp_mode if hooks else None,
+            # talker MTP graphs: sizes captured and replays since (None when the head runs eager or is absent)
+            "mtp_graph": getattr(getattr(hooks, "_mtp", None), "graph_stats", lambda: None)() if hooks else None,
+            "peak_memory_bytes": sel.backend.peak_memory() if sel else None,
             "local_rank": getattr(self, "local_rank", None),
             "rank_device": self.rank_device.to_json() if getattr(self, "rank_device", None) else None,
             "dist_backend": distributed_backend_in_use(),
