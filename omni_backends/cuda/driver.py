@@ -67,7 +67,7 @@ GPU_WORKER = VendorSymbol(
     required=("vllm_config", "local_rank", "rank", "distributed_init_method"),
     kind="class",
 )
-# The V2 runner constructs its sampler itself (0.26: ``Sampler(max_num_reqs, ...)``; 0.27+: ``Sampler(vllm_config,
+# The V2 runner constructs its sampler itself (0.26: ``Sampler(max_num_reqs, ...)``; 0.32, 0.33: ``Sampler(vllm_config,
 # max_num_reqs, ...)``); the driver only names the class, so only its existence is declared.
 V2_SAMPLER = VendorSymbol("vllm.v1.worker.gpu.sample.sampler", "Sampler", kind="class")
 
@@ -219,7 +219,7 @@ class CudaBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
     def v2_sampler_cls(self) -> type:
         """``vllm.v1.worker.gpu.sample.sampler.Sampler``: the sampler vLLM's V2
         model runner constructs itself (its constructor differs across the
-        window: vLLM 0.27+ take ``vllm_config`` first, 0.26 does not); the omni
+        window: 0.32 and 0.33 take ``vllm_config`` first, 0.26 does not); the omni
         V2 model state reaches it through the runner, never builds its own."""
         return V2_SAMPLER.resolve()
 
