@@ -130,6 +130,8 @@ class OmniHooks:
         after ``mtp_mode`` is set (V2: persistent buffers, ``core.model_state``)."""
         self.model = model
         self._read_contract(model)
+        if vllm_config is not None and self._accepts_kwargs:
+            no_full_graphs(vllm_config, f"{type(model).__name__} takes per-request omni kwargs")
         self.payloads.device_resident_keys = frozenset(getattr(model, "device_resident_payload_keys", ()))
         mtp = getattr(model, "talker_mtp", None)
         if mtp is None:
@@ -322,4 +324,33 @@ def _graphs_enabled(vllm_config: Any) -> bool:
         return False
     mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
     return mode is None or getattr(mode, "name", str(mode)) != "NONE"
+
+
+#: FULL CUDA-graph modes and what is left of each without its FULL part (vLLM's ``CUDAGraphMode`` names)
+_WITHOUT_FULL = {"FULL_AND_PIECEWISE": "PIECEWISE", "FULL": "NONE", "FULL_DECODE_ONLY": "NONE"}
+
+
+def no_full_graphs(vllm_config: Any, why: str) -> str | None:
+    """Lower ``vllm_config.compilation_config.cudagraph_mode`` to its non-FULL part
+    (``FULL_AND_PIECEWISE`` -> ``PIECEWISE``; ``FULL`` / ``FULL_DECODE_ONLY`` -> ``NONE``).
+
+    A model that takes per-request Python objects as forward kwargs
+    (``accepts_omni_kwargs``: payloads, token spans) cannot run in a FULL graph:
+    the capture freezes the dummy batch's kwargs and every replay reuses them.
+    PIECEWISE graphs leave the model's own code eager and keep working. Called
+    from ``bind_model`` (V1 ``load_model``, the V2 model state's ``__init__``),
+    before vLLM resolves its graph mode and captures (``initialize_kv_cache``,
+    ``capture_model``): the same on every vLLM version of the window (vLLM
+    0.27+'s ``ModelState.get_additional_cg_support`` would do this on V2 only,
+    and 0.26 has no such hook). Returns the new mode's name, or None if unchanged.
+    """
+    cc = getattr(vllm_config, "compilation_config", None)
+    mode = getattr(cc, "cudagraph_mode", None)
+    name = getattr(mode, "name", None)
+    if name not in _WITHOUT_FULL:
+        return None
+    lowered = _WITHOUT_FULL[name]
+    cc.cudagraph_mode = type(mode)[lowered]
+    log.warning("cudagraph_mode %s -> %s: %s (a FULL graph would freeze them at capture)", name, lowered, why)
+    return lowered
 
