@@ -395,6 +395,9 @@ def engine_config(llm: Any) -> dict[str, Any]:
         "async_scheduling": bool(cfg.scheduler_config.async_scheduling),
         "multiprocess": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0",
         "dtype": str(cfg.model_config.dtype).removeprefix("torch."),
+        # as vLLM applied them (vLLM's CPU platform lets VLLM_CPU_KVCACHE_SPACE override the KV size)
+        "kv_cache_memory_bytes": cfg.cache_config.kv_cache_memory_bytes,
+        "gpu_memory_utilization": cfg.cache_config.gpu_memory_utilization,
     }
 
 

@@ -66,7 +66,7 @@ def main(d: str) -> int:
         for stage, st in s["stages"].items():
             eng = st.get("engine", {})
             peak = st.get("peak_device_memory_bytes")
-            kv = st.get("kv_cache_memory_bytes")
+            kv = eng.get("kv_cache_memory_bytes", st.get("kv_cache_memory_bytes"))
             mtp = ""
             if stage == "talker":
                 mtp = st.get("talker_mtp", "")
