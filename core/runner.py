@@ -75,18 +75,11 @@ class OmniV1RunnerMixin:
         return self._omni_talker_mtp
 
     def capture_model(self) -> int:
-        """vLLM's captures, then the talker MTP's (capturing enabled only around them)."""
+        """vLLM's captures, then the talker MTP's (``core.model_state.capture_talker_mtp``)."""
         n = super().capture_model()
-        mtp = getattr(self, "_omni_talker_mtp", None)
-        if mtp is not None and mtp.sizes:
-            from vllm.compilation.monitor import set_cudagraph_capturing_enabled
+        from core.model_state import capture_talker_mtp
 
-            set_cudagraph_capturing_enabled(True)
-            try:
-                with self.omni_hooks.backend.graph_capture_context(self.device):
-                    mtp.capture()
-            finally:
-                set_cudagraph_capturing_enabled(False)
+        capture_talker_mtp(getattr(self, "_omni_talker_mtp", None), self.omni_hooks.backend, self.device)
         return n
 
     def _update_states(self, scheduler_output: Any) -> Any:
