@@ -4,7 +4,8 @@
 #   bash ci/gpu/run.sh PART [PART...]      logs under $OUT/<part>/ (default ./reports)
 #
 # Needs the gpu-stack installed on the machine first (three commands, ci/gpu/README.md). Each PART stays
-# under 9 minutes (its own `timeout`), so one command may take one or two parts; estimates in README.md.
+# under 9 minutes (its own `timeout`); several PARTs in one command share a 570 s budget (COMMAND_BUDGET):
+# a part gets what is left, one that cannot start is listed in $OUT/not-run.txt for the next command.
 #
 # PARTs:
 #   core-v2-graphs  pytest --device cuda tests/core, variant v2-graphs (vLLM's defaults: V2, compile + CUDA graphs,
@@ -22,7 +23,13 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 OUT="${OUT:-$ROOT/reports}"
 mkdir -p "$OUT"
-LIMIT="${PART_TIMEOUT:-530}"   # seconds per part; the device allows 600 per command
+LIMIT="${PART_TIMEOUT:-530}"   # seconds per part at most
+BUDGET="${COMMAND_BUDGET:-570}" # seconds for the whole command (the device allows 600): later parts get what is left
+START=$SECONDS
+left() {  # seconds a part may take now: min(LIMIT, what the command has left)
+  local rest=$(( BUDGET - (SECONDS - START) ))
+  (( rest < LIMIT )) && echo "$rest" || echo "$LIMIT"
+}
 
 if [ ! -f /tmp/gpu-site/env.sh ]; then
   echo "gpu-stack is not installed on this machine: carry .gpu-stack/p0, p1, p2 first (ci/gpu/README.md)" >&2
@@ -46,7 +53,7 @@ pytest_part() {  # name, then pytest arguments
   local name=$1; shift
   local d="$OUT/$name"; mkdir -p "$d"
   { header "$name"; echo "+ pytest $*"; } > "$d/log.txt"
-  timeout "$LIMIT" python3 -m pytest -p no:cacheprovider --device cuda -rs -v --durations=15 \
+  timeout "$(left)" python3 -m pytest -p no:cacheprovider --device cuda -rs -v --durations=15 \
       --junitxml="$d/junit.xml" "$@" >> "$d/log.txt" 2>&1
   local rc=$?
   echo "rc=$rc" >> "$d/log.txt"
@@ -63,7 +70,7 @@ part_core_rest() {
   local rc=$?
   local d="$OUT/kit"; mkdir -p "$d"
   { header kit; } > "$d/log.txt"
-  timeout 240 python3 -m pytest -p no:cacheprovider --pyargs omni_backends.testing.suite --device cuda -rs -q \
+  timeout "$(left)" python3 -m pytest -p no:cacheprovider --pyargs omni_backends.testing.suite --device cuda -rs -q \
       --omni-report "$d/kit-cuda-h200.json" >> "$d/log.txt" 2>&1
   local krc=$?
   echo "rc=$krc" >> "$d/log.txt"; tail -8 "$d/log.txt"
@@ -78,10 +85,10 @@ part_pipeline() {
   for spec in "v2-graphs:--runner v2" "v2-graphs-again:--runner v2" "v2-eager:--runner v2 --enforce-eager" \
               "v1-graphs:--runner v1" "v1-eager:--runner v1 --enforce-eager"; do
     local name=${spec%%:*} args=${spec#*:}
-    if (( SECONDS - t0 > LIMIT - 90 )); then echo "skipped $name: part time limit" | tee -a "$d/log.txt"; continue; fi
+    if (( SECONDS - t0 > LIMIT - 90 || $(left) < 90 )); then echo "skipped $name: time limit" | tee -a "$d/log.txt"; continue; fi
     echo "+ omni-backends run --device cuda $args ($(date -u +%H:%M:%S))" >> "$d/log.txt"
     # shellcheck disable=SC2086
-    timeout 240 python3 -m omni_backends.cli run --device cuda --model-dir "$d/demo" --out "$d/$name" --seed 5 \
+    timeout "$(( $(left) < 240 ? $(left) : 240 ))" python3 -m omni_backends.cli run --device cuda --model-dir "$d/demo" --out "$d/$name" --seed 5 \
         --max-tokens 8 --prompt "Hello omni" --voice 2 --json $args > "$d/$name.json" 2> "$d/$name.stderr"
     echo "rc=$? ($(( SECONDS - t0 )) s so far)" >> "$d/log.txt"
     tail -3 "$d/$name.stderr" >> "$d/log.txt"
@@ -93,7 +100,7 @@ part_bench() {  # v1 | v2
   local d="$OUT/bench-$1"; mkdir -p "$d"
   header "bench-$1" > "$d/log.txt"
   local v2=0; [ "$1" = v2 ] && v2=1
-  VLLM_USE_V2_MODEL_RUNNER=$v2 timeout "$((LIMIT - 60))" python3 bench/bench_core_runner.py --device cuda \
+  VLLM_USE_V2_MODEL_RUNNER=$v2 timeout "$(( $(left) - 60 ))" python3 bench/bench_core_runner.py --device cuda \
       --dtype bfloat16 --batches 1,8,64 --rounds 5 --max-tokens 64 --reps 21 --iters 1000 --profile --out "$d" \
       >> "$d/log.txt" 2>&1
   echo "rc=$?" >> "$d/log.txt"
@@ -106,6 +113,10 @@ part_bench() {  # v1 | v2
 
 status=0
 for part in "$@"; do
+  if (( $(left) < 120 )); then
+    echo "not started: $part (the command has $(left) s left; run it in the next command)" | tee -a "$OUT/not-run.txt"
+    status=1; continue
+  fi
   case "$part" in
     core-v2-graphs) part_core v2-graphs "v2-graphs" ;;
     core-v1-graphs) part_core v1-graphs "v1-graphs" ;;

@@ -111,10 +111,22 @@ def test_same_seed_gives_identical_wav_bytes(tmp_path, demo_dir, test_device):
     print(f"run wall times: {times[0]:.1f} s, {times[1]:.1f} s")
 
 
+#: tests whose point is a device that cannot run: they need no usable --device
+_ANY_DEVICE_STATE = {"test_unknown_device", "test_unusable_device"}
+
+
 @pytest.fixture(autouse=True)
-def _device_flag(test_device):
+def _device_flag(request, test_device):
+    """``omni-backends run`` gets the test's ``--device``; a test that needs it usable skips (with the probe's
+    reason) where it is not (``--device cuda`` on a machine without a GPU)."""
     global DEVICE_ARGS
     DEVICE_ARGS = ["--device", test_device]
+    if request.node.originalname not in _ANY_DEVICE_STATE:
+        from omni_backends.testing.kit import load_driver
+
+        probe = load_driver(test_device).probe
+        if probe is None or not probe.usable:
+            pytest.skip(f"--device {test_device} is not usable here: {probe.reason if probe else 'no driver'}")
 
 
 DEVICE_ARGS: list = []
