@@ -130,13 +130,15 @@ class OmniHooks:
         after ``mtp_mode`` is set (V2: persistent buffers, ``core.model_state``)."""
         self.model = model
         self._read_contract(model)
+        if vllm_config is not None and self._accepts_kwargs:
+            no_full_graphs(vllm_config, f"{type(model).__name__} takes per-request omni kwargs")
         self.payloads.device_resident_keys = frozenset(getattr(model, "device_resident_payload_keys", ()))
         mtp = getattr(model, "talker_mtp", None)
         if mtp is None:
             self._mtp, self.mtp_mode = None, "none"
             return
         caps = self.backend.capabilities()
-        graphs_on = _graphs_enabled(vllm_config)
+        graphs_on = vllm_config is not None and _graphs_enabled(vllm_config)
         if caps.talker_mtp_graph and getattr(model, "talker_mtp_graph_safe", False) and graphs_on:
             from vllm.config import CUDAGraphMode
 
@@ -145,8 +147,8 @@ class OmniHooks:
         else:
             self._mtp = mtp
             self.mtp_mode = "eager"
-            log.info("talker MTP runs eager: driver %s has talker_mtp_graph=%s, engine graphs %s",
-                     self.backend.name, caps.talker_mtp_graph, "on" if graphs_on else "off (enforce_eager / NONE)")
+            log.info("talker MTP runs eager: driver %s has talker_mtp_graph=%s, engine graphs %s", self.backend.name,
+                     caps.talker_mtp_graph, "on" if graphs_on else "off (enforce_eager / cudagraph_mode NONE)")
         if mtp_runner is not None:
             self._mtp = mtp_runner(self._mtp)
 
@@ -306,16 +308,6 @@ class OmniHooks:
         return OmniModelRunnerOutput(**fields, multimodal_outputs=mm)
 
 
-def _graphs_enabled(vllm_config: Any) -> bool:
-    """True unless the engine runs without graphs (``enforce_eager``, i.e.
-    ``compilation_config.cudagraph_mode`` NONE): then vLLM never calls
-    ``capture_model`` and a graph-wrapped head would capture mid-step."""
-    if vllm_config is None:
-        return False
-    mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
-    return mode is None or mode.name != "NONE"
-
-
 def _owned(host: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
     """``host``, cloned if it still shares memory with ``source`` (a CPU
     device's ``to_host`` returns its input; the model's outputs live in
@@ -328,3 +320,43 @@ def _owned(host: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
 @functools.lru_cache(maxsize=None)
 def _field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def _graphs_enabled(vllm_config: Any) -> bool:
+    """False when the engine runs without graphs (``enforce_eager`` or ``cudagraph_mode`` NONE): the talker MTP
+    then runs eager too, so ``--enforce-eager`` compares a wholly eager run."""
+    model_config = getattr(vllm_config, "model_config", None)
+    if getattr(model_config, "enforce_eager", False):
+        return False
+    mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
+    return mode is None or getattr(mode, "name", str(mode)) != "NONE"
+
+
+#: FULL CUDA-graph modes and what is left of each without its FULL part (vLLM's ``CUDAGraphMode`` names)
+_WITHOUT_FULL = {"FULL_AND_PIECEWISE": "PIECEWISE", "FULL": "NONE", "FULL_DECODE_ONLY": "NONE"}
+
+
+def no_full_graphs(vllm_config: Any, why: str) -> str | None:
+    """Lower ``vllm_config.compilation_config.cudagraph_mode`` to its non-FULL part
+    (``FULL_AND_PIECEWISE`` -> ``PIECEWISE``; ``FULL`` / ``FULL_DECODE_ONLY`` -> ``NONE``).
+
+    A model that takes per-request Python objects as forward kwargs
+    (``accepts_omni_kwargs``: payloads, token spans) cannot run in a FULL graph:
+    the capture freezes the dummy batch's kwargs and every replay reuses them.
+    PIECEWISE graphs leave the model's own code eager and keep working. Called
+    from ``bind_model`` (V1 ``load_model``, the V2 model state's ``__init__``),
+    before vLLM resolves its graph mode and captures (``initialize_kv_cache``,
+    ``capture_model``): the same on every vLLM version of the window (vLLM
+    0.27+'s ``ModelState.get_additional_cg_support`` would do this on V2 only,
+    and 0.26 has no such hook). Returns the new mode's name, or None if unchanged.
+    """
+    cc = getattr(vllm_config, "compilation_config", None)
+    mode = getattr(cc, "cudagraph_mode", None)
+    name = getattr(mode, "name", None)
+    if name not in _WITHOUT_FULL:
+        return None
+    lowered = _WITHOUT_FULL[name]
+    cc.cudagraph_mode = type(mode)[lowered]
+    log.warning("cudagraph_mode %s -> %s: %s (a FULL graph would freeze them at capture)", name, lowered, why)
+    return lowered
+

@@ -39,16 +39,9 @@ from omni_backends.binding import VendorSymbol
 
 log = logging.getLogger(__name__)
 
-CUDAGRAPH_MODE = VendorSymbol("vllm.config", "CUDAGraphMode", kind="class")
-CUDAGRAPH_HAS_FULL = VendorSymbol("vllm.config", "CUDAGraphMode.has_full_cudagraphs")
-CUDAGRAPH_HAS_PIECEWISE = VendorSymbol("vllm.config", "CUDAGraphMode.has_piecewise_cudagraphs")
-COMPILATION_CUDAGRAPH_MODE = VendorSymbol("vllm.config.compilation", "CompilationConfig.cudagraph_mode", kind="attribute")
 ASYNC_MODEL_RUNNER_OUTPUT = VendorSymbol("vllm.v1.outputs", "AsyncModelRunnerOutput", kind="class")
 ASYNC_GET_OUTPUT = VendorSymbol("vllm.v1.outputs", "AsyncModelRunnerOutput.get_output")
-SEAMS: tuple[VendorSymbol, ...] = (
-    CUDAGRAPH_MODE, CUDAGRAPH_HAS_FULL, CUDAGRAPH_HAS_PIECEWISE, COMPILATION_CUDAGRAPH_MODE,
-    ASYNC_MODEL_RUNNER_OUTPUT, ASYNC_GET_OUTPUT,
-)
+SEAMS: tuple[VendorSymbol, ...] = (ASYNC_MODEL_RUNNER_OUTPUT, ASYNC_GET_OUTPUT)
 """The vLLM symbols this module binds (for the drift check)."""
 
 
@@ -202,42 +195,13 @@ def _persistent(buf: torch.Tensor | None, value: torch.Tensor, rows: int) -> tor
     return buf
 
 
-# ------------------------------------------------------------------ graph mode
+# ------------------------------------------------------------------ model inputs
 def feeds_prompt_embeds(model: Any) -> bool:
     """True if the model's payloads may bring prompt embeddings (it has a
     preprocess hook: ``omni_preprocess`` / vLLM-Omni's ``has_preprocess``), so
     its forward takes ``inputs_embeds``; other models keep vLLM's
     ``input_ids`` path, and with it the same compiled graphs as stock vLLM."""
     return getattr(model, "omni_preprocess", None) is not None or bool(getattr(model, "has_preprocess", False))
-
-
-def takes_per_request_kwargs(model: Any) -> bool:
-    """True if the model's forward reads per-request Python objects
-    (``accepts_omni_kwargs``: ``runtime_additional_information``,
-    ``request_token_spans``), which a FULL graph would freeze at capture."""
-    return bool(getattr(model, "accepts_omni_kwargs", False))
-
-
-def limit_cudagraph_mode(vllm_config: Any, model: Any) -> Any:
-    """Keep FULL graphs away from a model that :func:`takes_per_request_kwargs`.
-
-    Called by the runner's ``load_model`` (V1 and V2), i.e. before vLLM
-    resolves ``compilation_config.cudagraph_mode`` against the attention
-    backends (KV-cache init) on every supported version:
-    ``FULL_AND_PIECEWISE`` becomes ``PIECEWISE`` (the outer forward, which
-    reads the per-request objects, then runs eagerly around captured pieces),
-    ``FULL`` / ``FULL_DECODE_ONLY`` become ``NONE``. Returns the mode now set,
-    or ``None`` when nothing changed."""
-    comp = getattr(vllm_config, "compilation_config", None)
-    mode = getattr(comp, "cudagraph_mode", None)
-    if mode is None or not takes_per_request_kwargs(model) or not mode.has_full_cudagraphs():
-        return None
-    modes = CUDAGRAPH_MODE.resolve()
-    new = modes.PIECEWISE if mode.has_piecewise_cudagraphs() else modes.NONE
-    comp.cudagraph_mode = new
-    log.info("cudagraph_mode %s -> %s for %s: its forward reads per-request omni kwargs a FULL graph would freeze",
-             mode.name, new.name, type(model).__name__)
-    return new
 
 
 # ------------------------------------------------------------------ runner output
