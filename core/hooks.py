@@ -132,6 +132,10 @@ class OmniHooks:
         self._read_contract(model)
         if vllm_config is not None and self._accepts_kwargs:
             no_full_graphs(vllm_config, f"{type(model).__name__} takes per-request omni kwargs")
+        if vllm_config is not None:
+            from core.model_io import copy_graph_inputs
+
+            copy_graph_inputs(vllm_config, model)  # its compiled decoder reads embeddings it builds itself
         self.payloads.device_resident_keys = frozenset(getattr(model, "device_resident_payload_keys", ()))
         mtp = getattr(model, "talker_mtp", None)
         if mtp is None:

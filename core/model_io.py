@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 ASYNC_MODEL_RUNNER_OUTPUT = VendorSymbol("vllm.v1.outputs", "AsyncModelRunnerOutput", kind="class")
 ASYNC_GET_OUTPUT = VendorSymbol("vllm.v1.outputs", "AsyncModelRunnerOutput.get_output")
-SEAMS: tuple[VendorSymbol, ...] = (ASYNC_MODEL_RUNNER_OUTPUT, ASYNC_GET_OUTPUT)
+SEAMS: tuple[VendorSymbol, ...] = (ASYNC_MODEL_RUNNER_OUTPUT, ASYNC_GET_OUTPUT)  # + COPY_INPUTS below
 """The vLLM symbols this module binds (for the drift check)."""
 
 
@@ -202,6 +202,32 @@ def feeds_prompt_embeds(model: Any) -> bool:
     its forward takes ``inputs_embeds``; other models keep vLLM's
     ``input_ids`` path, and with it the same compiled graphs as stock vLLM."""
     return getattr(model, "omni_preprocess", None) is not None or bool(getattr(model, "has_preprocess", False))
+
+
+COPY_INPUTS = VendorSymbol("vllm.config.compilation", "CompilationConfig.cudagraph_copy_inputs", kind="attribute")
+
+
+def copy_graph_inputs(vllm_config: Any, model: Any) -> bool:
+    """Make vLLM copy the compiled region's inputs into its own buffers for a
+    model that :func:`feeds_prompt_embeds`.
+
+    vLLM's PIECEWISE graphs replay reading their inputs at the addresses seen
+    at capture; stock models pass vLLM's persistent ``input_ids`` /
+    ``inputs_embeds`` buffers, but an omni model that builds the embeddings
+    its compiled decoder reads (payload rows, a voice added) hands new tensors
+    every step, which a replay would ignore. vLLM's own switch for that,
+    ``compilation_config.cudagraph_copy_inputs`` (read when the model is
+    compiled, i.e. at the first forward, after ``load_model``), copies them.
+    Called from ``OmniHooks.bind_model`` (V1 ``load_model``, V2 model state).
+    Returns True when it turned the switch on."""
+    comp = getattr(vllm_config, "compilation_config", None)
+    name = COPY_INPUTS.attr.split(".")[-1]
+    if comp is None or not feeds_prompt_embeds(model) or getattr(comp, name, True):
+        return False
+    setattr(comp, name, True)
+    log.info("cudagraph_copy_inputs on for %s: its forward builds the embeddings its compiled decoder reads",
+             type(model).__name__)
+    return True
 
 
 # ------------------------------------------------------------------ runner output

@@ -237,3 +237,20 @@ def test_output_path_is_a_file(tmp_path, demo_dir):
                        capture_output=True, text=True, env=_env(), timeout=300)
     assert p.returncode != 0 and "is not a directory" in p.stderr
     assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_talker_and_code2wav_compiled_equal_plain_pytorch(run_scenario, demo_dir, test_device):
+    """Under vLLM's compilation (cpu: Dynamo traced once, vLLM's warm-up on) the compiled decoder sees
+    one kind of input: vLLM's dummy runs pass ``input_ids``, the omni models' real steps pass the
+    embeddings they build (code2wav used to fail: ``'NoneType' object has no attribute 'size'``), and
+    vLLM copies those into its graph buffers (``cudagraph_copy_inputs``, ``core.model_io.copy_graph_inputs``)."""
+    if test_device != "cpu":
+        pytest.skip("on this device the -graphs variants compile and capture the talker and code2wav")
+    if os.environ.get("VLLM_CPU_CI_ENV"):
+        pytest.skip("VLLM_CPU_CI_ENV is set: vLLM's CPU worker skips its warm-up")
+    r = run_scenario("talker-batch", variant="v1-warmup")
+    talker = ReferenceTalker(os.path.join(demo_dir, "talker"))
+    c2w = ReferenceCode2Wav(os.path.join(demo_dir, "code2wav"))
+    for h, (n, voice, frames), codes, wav in zip(r["hiddens"], r["requests"], r["codes"], r["waveforms"]):
+        assert torch.equal(codes.to(torch.int64), talker.generate(h, voice, frames))
+        torch.testing.assert_close(wav.cpu(), c2w.synthesize(codes.to(torch.int64)), atol=1e-5, rtol=1e-5)
