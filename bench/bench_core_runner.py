@@ -35,6 +35,13 @@ Runs with ``OMP_NUM_THREADS=1`` unless set (see below), in-process engines.
 ``--profile`` adds a cProfile of omni decode steps (batch 8) listing where the
 runner's own time goes. Prints Markdown; ``--out DIR`` also writes
 ``bench_core_runner.json`` / ``.md`` there.
+
+On a GPU (``--device cuda``, ``ci/gpu/bench.sh``): ``--dtype bfloat16``,
+vLLM's defaults for the device (compilation + CUDA graphs; ``--enforce-eager``
+to compare), async scheduling as vLLM sets it, each engine's KV cache sized
+for the model (``core.pipeline.stage_memory_kw``) so all engines share the
+card; ``VLLM_USE_V2_MODEL_RUNNER`` picks V1 / V2. Engines stay in one process
+(stepped in turn, as above).
 """
 
 from __future__ import annotations
@@ -61,6 +68,23 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 ENGINE_KW = dict(dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=16, seed=0)
 
 
+def engine_kw(args: argparse.Namespace, model: str, batches: list[int]) -> dict:
+    """``ENGINE_KW`` on cpu (as before); on another device vLLM's defaults (graphs) unless ``--enforce-eager``,
+    ``--dtype``, ``max_num_seqs`` covering the largest batch, and a KV cache sized for the model."""
+    if args.device == "cpu" and not args.graphs:
+        return dict(ENGINE_KW, dtype=args.dtype)
+    from core.pipeline import stage_memory_kw
+    from core.stage import prepare_device
+
+    seqs = max(16, max(batches))
+    kw = dict(dtype=args.dtype, max_model_len=256, max_num_seqs=seqs, seed=0)
+    if args.enforce_eager:
+        kw["enforce_eager"] = True
+    kw.update(stage_memory_kw(prepare_device(args.device).backend, model, max_model_len=256, max_num_seqs=seqs,
+                              dtype=args.dtype))
+    return kw
+
+
 def machine() -> dict:
     cpu = platform.processor()
     try:
@@ -78,6 +102,7 @@ def machine() -> dict:
         "torch": torch.__version__,
         "vllm": vllm.__version__,
         "torch_threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "loadavg_start": os.getloadavg(),
     }
 
@@ -129,7 +154,8 @@ def measure_decode(engines: dict, batch: int, max_tokens: int, tag: str, output_
                 steps[name].append(t1 - t0)
                 cpu[name].append(c1 - c0)
     for name, s in steps.items():
-        if len(s) != max_tokens - 1:
+        # async scheduling (vLLM's default on CUDA) may take one step more to hand the last tokens back
+        if len(s) not in (max_tokens - 1, max_tokens):
             raise RuntimeError(f"{tag}/{name}: expected {max_tokens - 1} decode steps, got {len(s)} (chunked prefill?)")
     return {"wall": steps, "cpu": cpu}
 
@@ -147,11 +173,11 @@ def bench_decode(engines: dict, batches: list[int], rounds: int, max_tokens: int
         for b in batches:
             m = measure_decode(engines, b, max_tokens, f"r{r}-b{b}", output_kind)
             for name, s in m["wall"].items():
-                per[b][name]["tok_s"].append(b * len(s) / sum(s))
+                per[b][name]["tok_s"].append(b * (max_tokens - 1) / sum(s))  # decode tokens / decode step time
                 per[b][name]["step_ms"].append(1000 * statistics.fmean(s))
                 per[b][name]["cpu_step_ms"].append(1000 * statistics.fmean(m["cpu"][name]))
                 # adjacent-in-time step pairs: stock step / this engine's step (> 1: faster than stock)
-                per[b][name]["step_ratio"] += [x / y for x, y in zip(m["wall"]["stock"], s)]
+                per[b][name]["step_ratio"] += [x / y for x, y in zip(m["wall"]["stock"], s)]  # same step index
     result: dict = {}
     for b in batches:
         ref = per[b]["stock"]
@@ -249,6 +275,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--create-order", default="omni,omni-plain,stock",
                     help="engines to build, in creation order (the creation order can bias a few %%; see RESULTS.md)")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--device", default="cpu", help="driver the omni engines run on (default: %(default)s)")
+    ap.add_argument("--dtype", default="float32", help="model dtype (GPU: bfloat16)")
+    ap.add_argument("--enforce-eager", action="store_true", help="GPU: no compilation / graphs (default: vLLM's)")
+    ap.add_argument("--graphs", action="store_true", help="cpu: vLLM's defaults instead of the eager ENGINE_KW")
     ap.add_argument("--both-orders", action="store_true",
                     help="run twice in child processes, engines created in --create-order and reversed; combine")
     return ap.parse_args(argv)
@@ -275,18 +305,33 @@ def run(args: argparse.Namespace) -> dict:
     from omni_backends.registry import get_backend
 
     info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **machine()}
+    kw = engine_kw(args, thinker, batches)
     makers = {
-        "omni": lambda: make_engine(thinker, device="cpu", **ENGINE_KW),
-        "omni-plain": lambda: make_engine(stock_dir, device="cpu", **ENGINE_KW),
-        "stock": lambda: LLM(stock_dir, **ENGINE_KW),
-        "stock-2": lambda: LLM(stock_dir, **ENGINE_KW),  # a second stock engine: an A/A control
+        "omni": lambda: make_engine(thinker, device=args.device, **kw),
+        "omni-plain": lambda: make_engine(stock_dir, device=args.device, **kw),
+        "stock": lambda: LLM(stock_dir, **kw),
+        "stock-2": lambda: LLM(stock_dir, **kw),  # a second stock engine: an A/A control
     }
+    starts: dict = {}
+
+    def timed(name):
+        t0 = time.perf_counter()
+        llm = makers[name]()
+        starts[name] = round(time.perf_counter() - t0, 2)
+        return llm
+
     order = args.create_order.split(",") + (["stock-2"] if args.control else [])
     if set(order) - set(makers) or "stock" not in order or len(set(order)) != len(order):
         raise SystemExit(f"--create-order takes distinct names from {sorted(makers)} including 'stock'")
-    engines = {name: makers[name]() for name in order}  # creation order = this order
+    engines = {name: timed(name) for name in order}  # creation order = this order
     info["runners"] = {n: type(e.llm_engine.model_executor.driver_worker.worker.model_runner).__name__
                        for n, e in engines.items()}
+    info["engine_start_s"] = starts
+    cfg = engines["stock"].llm_engine.vllm_config
+    info["engine"] = {"device": args.device, "dtype": str(cfg.model_config.dtype), "kw": {k: v for k, v in kw.items()},
+                      "v2": bool(getattr(cfg, "use_v2_model_runner", False)),
+                      "async_scheduling": bool(cfg.scheduler_config.async_scheduling),
+                      "cudagraph_mode": str(cfg.compilation_config.cudagraph_mode)}
 
     decode = bench_decode(engines, batches, args.rounds, args.max_tokens, args.output_kind)
     paths = bench_paths(get_backend(), engines["stock"].llm_engine.vllm_config, args.reps, args.iters)
@@ -328,10 +373,11 @@ def _paths_table(paths: dict) -> list[str]:
 def report(res: dict) -> str:
     info = res["info"]
     head = [
-        f"date {info['date']}; {info['cpu']}, {info['cores']} cores, torch {info['torch']} "
+        f"date {info['date']}; {info.get('gpu') or 'no GPU'}; {info['cpu']}, {info['cores']} cores, torch {info['torch']} "
         f"({info['torch_threads']} intra-op threads), vLLM {info['vllm']}, Python {info['python']}; "
         f"load average start {info['loadavg_start'][0]:.2f} end {info['loadavg_end'][0]:.2f}",
         f"engines created in this order: " + ", ".join(f"{n} ({r})" for n, r in info["runners"].items()),
+        f"engine: {info.get('engine')}; start s: {info.get('engine_start_s')}",
         "",
     ]
     return "\n".join(head + _decode_table(res["decode"]) + [""] + _paths_table(res["paths"]))

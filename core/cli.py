@@ -16,7 +16,12 @@ its MTP head) -> code2wav (codes -> waveform).
 
 Writes into --out: out.wav (mono 16-bit PCM, 16 kHz), thinker.txt,
 codes.json ([T][K] codec tokens) and summary.json (driver and why,
-per-stage token counts and wall times). Demo models (tiny, random weights,
+per-stage token counts, wall and engine start times, peak device memory,
+the vLLM settings each engine resolved, talker-MTP mode and graph replays).
+
+On a GPU the engines run with vLLM's defaults for the device (compilation +
+graphs, async scheduling, multiprocess engine), each with a KV cache sized
+for its model; on cpu in-process and eager. --enforce-eager compares eager. Demo models (tiny, random weights,
 fixed seed) are created on first run in ~/.cache/omni-backends unless
 --model-dir is given.
 """
@@ -26,7 +31,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from core.pipeline import RunConfig, run_pipeline
 
     cfg = RunConfig(prompt=args.prompt, device=args.device, voice=args.voice, max_tokens=args.max_tokens,
-                    seed=args.seed, out=args.out, model_dir=args.model_dir, multiprocess=args.multiprocess)
+                    seed=args.seed, out=args.out, model_dir=args.model_dir, multiprocess=args.multiprocess,
+                    enforce_eager=True if args.enforce_eager else None, graph_mode=args.graph_mode, runner=args.runner)
     summary = run_pipeline(cfg)
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -53,8 +59,18 @@ def add_run_command(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed; same seed -> identical out.wav (default: %(default)s)")
     p.add_argument("--out", default="out", help="output directory (default: %(default)s)")
     p.add_argument("--model-dir", default=None, help="demo models folder (default: created in ~/.cache/omni-backends)")
-    p.add_argument("--multiprocess", action="store_true",
-                   help="run each vLLM engine core in its own process (vLLM's default; slower to start)")
+    p.add_argument("--multiprocess", action=argparse.BooleanOptionalAction, default=None,
+                   help="run each vLLM engine core in its own process (default: on for a GPU, vLLM's default; "
+                        "off on cpu, faster to start)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="no compilation, no graphs (vLLM's enforce_eager; the talker MTP runs eager too), for "
+                        "comparison; default: eager on cpu, vLLM's defaults (compilation + graphs) on a GPU")
+    p.add_argument("--graph-mode", default=None, metavar="MODE",
+                   help="vLLM's CUDAGraphMode for every stage: NONE, PIECEWISE, FULL, FULL_DECODE_ONLY, "
+                        "FULL_AND_PIECEWISE (must be one the driver supports; default: vLLM's)")
+    p.add_argument("--runner", choices=("auto", "v1", "v2"), default="auto",
+                   help="vLLM model runner: v1, v2 (sets VLLM_USE_V2_MODEL_RUNNER) or auto, vLLM's choice "
+                        "(default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_cmd_run)
 

@@ -39,16 +39,9 @@ from omni_backends.binding import VendorSymbol
 
 log = logging.getLogger(__name__)
 
-CUDAGRAPH_MODE = VendorSymbol("vllm.config", "CUDAGraphMode", kind="class")
-CUDAGRAPH_HAS_FULL = VendorSymbol("vllm.config", "CUDAGraphMode.has_full_cudagraphs")
-CUDAGRAPH_HAS_PIECEWISE = VendorSymbol("vllm.config", "CUDAGraphMode.has_piecewise_cudagraphs")
-COMPILATION_CUDAGRAPH_MODE = VendorSymbol("vllm.config.compilation", "CompilationConfig.cudagraph_mode", kind="attribute")
 ASYNC_MODEL_RUNNER_OUTPUT = VendorSymbol("vllm.v1.outputs", "AsyncModelRunnerOutput", kind="class")
 ASYNC_GET_OUTPUT = VendorSymbol("vllm.v1.outputs", "AsyncModelRunnerOutput.get_output")
-SEAMS: tuple[VendorSymbol, ...] = (
-    CUDAGRAPH_MODE, CUDAGRAPH_HAS_FULL, CUDAGRAPH_HAS_PIECEWISE, COMPILATION_CUDAGRAPH_MODE,
-    ASYNC_MODEL_RUNNER_OUTPUT, ASYNC_GET_OUTPUT,
-)
+SEAMS: tuple[VendorSymbol, ...] = (ASYNC_MODEL_RUNNER_OUTPUT, ASYNC_GET_OUTPUT)  # + COPY_INPUTS below
 """The vLLM symbols this module binds (for the drift check)."""
 
 
@@ -202,7 +195,7 @@ def _persistent(buf: torch.Tensor | None, value: torch.Tensor, rows: int) -> tor
     return buf
 
 
-# ------------------------------------------------------------------ graph mode
+# ------------------------------------------------------------------ model inputs
 def feeds_prompt_embeds(model: Any) -> bool:
     """True if the model's payloads may bring prompt embeddings (it has a
     preprocess hook: vLLM-Omni's ``has_preprocess``), so
@@ -231,26 +224,30 @@ def takes_per_request_kwargs(model: Any) -> bool:
     return any(name in params for name in PER_REQUEST_KWARGS)
 
 
-def limit_cudagraph_mode(vllm_config: Any, model: Any) -> Any:
-    """Keep FULL graphs away from a model that :func:`takes_per_request_kwargs`.
+COPY_INPUTS = VendorSymbol("vllm.config.compilation", "CompilationConfig.cudagraph_copy_inputs", kind="attribute")
 
-    Called by the runner's ``load_model`` (V1 and V2), i.e. before vLLM
-    resolves ``compilation_config.cudagraph_mode`` against the attention
-    backends (KV-cache init) on every supported version:
-    ``FULL_AND_PIECEWISE`` becomes ``PIECEWISE`` (the outer forward, which
-    reads the per-request objects, then runs eagerly around captured pieces),
-    ``FULL`` / ``FULL_DECODE_ONLY`` become ``NONE``. Returns the mode now set,
-    or ``None`` when nothing changed."""
+
+def copy_graph_inputs(vllm_config: Any, model: Any) -> bool:
+    """Make vLLM copy the compiled region's inputs into its own buffers for a
+    model that :func:`feeds_prompt_embeds`.
+
+    vLLM's PIECEWISE graphs replay reading their inputs at the addresses seen
+    at capture; stock models pass vLLM's persistent ``input_ids`` /
+    ``inputs_embeds`` buffers, but an omni model that builds the embeddings
+    its compiled decoder reads (payload rows, a voice added) hands new tensors
+    every step, which a replay would ignore. vLLM's own switch for that,
+    ``compilation_config.cudagraph_copy_inputs`` (read when the model is
+    compiled, i.e. at the first forward, after ``load_model``), copies them.
+    Called from ``OmniHooks.bind_model`` (V1 ``load_model``, V2 model state).
+    Returns True when it turned the switch on."""
     comp = getattr(vllm_config, "compilation_config", None)
-    mode = getattr(comp, "cudagraph_mode", None)
-    if mode is None or not takes_per_request_kwargs(model) or not mode.has_full_cudagraphs():
-        return None
-    modes = CUDAGRAPH_MODE.resolve()
-    new = modes.PIECEWISE if mode.has_piecewise_cudagraphs() else modes.NONE
-    comp.cudagraph_mode = new
-    log.info("cudagraph_mode %s -> %s for %s: its forward reads per-request omni kwargs a FULL graph would freeze",
-             mode.name, new.name, type(model).__name__)
-    return new
+    name = COPY_INPUTS.attr.split(".")[-1]
+    if comp is None or not feeds_prompt_embeds(model) or getattr(comp, name, True):
+        return False
+    setattr(comp, name, True)
+    log.info("cudagraph_copy_inputs on for %s: its forward builds the embeddings its compiled decoder reads",
+             type(model).__name__)
+    return True
 
 
 # ------------------------------------------------------------------ runner output

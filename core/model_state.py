@@ -3,8 +3,14 @@
 vLLM's V2 runner (``vllm.v1.worker.gpu.model_runner.GPUModelRunner`` and the
 XPU / Ascend / CPU runners built on it) builds its per-model state with
 ``init_model_state``, which takes the model's own ``get_model_state_cls()``
-first (``vllm.v1.worker.gpu.model_states.resolve_model_state_cls``). An omni
-model returns :func:`model_state_cls` there; no vLLM module global is swapped.
+first (vLLM 0.32+: ``vllm.v1.worker.gpu.model_states.resolve_model_state_cls``;
+0.26: inside ``init_model_state`` itself; declared once, with both spellings,
+as :data:`RESOLVE_MODEL_STATE_CLS`). An omni model returns
+:func:`model_state_cls` there; no vLLM module global is swapped.
+
+Every seam whose spelling differs across the vLLM versions the drivers
+support (0.26 through 0.33) is one ``VendorSymbol`` with ``alternatives``
+(``omni_backends.binding``); no code here branches on a version.
 
 The state is a subclass of vLLM's ``DefaultModelState`` (built on first use by
 :func:`model_state_cls`, so importing this module imports no vLLM) and calls
@@ -19,7 +25,7 @@ V2 ``ModelState`` seam             omni hook
 ``add_request``                    ``on_new_requests``
 ``remove_request``                 ``on_finished_requests`` (also preemption)
 ``prepare_inputs_embeds``          ``prepare_prefill_embeds`` (when vLLM builds
-                                   ``inputs_embeds``: multimodal / prompt embeds)
+(0.26: ``get_mm_embeddings``)      ``inputs_embeds``: multimodal / prompt embeds)
 ``prepare_inputs``                 ``prepare_prefill_embeds`` and the model's
                                    ``preprocess`` + talker MTP (decode rows) into a
                                    persistent ``inputs_embeds`` buffer;
@@ -28,11 +34,11 @@ model forward hook                 ``core.model_io.ModelOutputAdapter``: every
                                    call returns the text hidden states
 ``custom_sampler`` (wraps vLLM's)  ``process_model_output`` (``postprocess``,
                                    multimodal outputs) before sampling
-``capture_inner_cudagraphs``       talker-MTP FULL graphs, one per capture size
-                                   (or the runner's ``capture_model`` where vLLM
-                                   never calls it: 0.26)
-``get_additional_cg_support``      no FULL graphs for models taking per-request
-                                   omni kwargs (Python objects a graph would freeze)
+runner ``capture_model``           talker-MTP FULL graphs, one per capture size,
+                                   after vLLM's captures (:class:`OmniV2RunnerMixin`)
+``OmniHooks.bind_model``           no FULL graphs for models taking per-request
+                                   omni kwargs (Python objects a graph would freeze):
+                                   ``core.hooks.no_full_graphs``, V1 and V2 alike
 =================================  ============================================
 
 The one seam no ``ModelState`` reaches is the runner's output:
@@ -46,8 +52,6 @@ hidden states and per-token multimodal outputs ``[max_num_tokens, ...]``
 (copied by the adapter on every forward, so a replay refreshes them); the talker MTP's inputs ``[max_num_reqs, H]`` /
 ``[max_num_reqs]`` int64 and output ``[max_num_reqs, K-1]`` int64
 (:class:`core.hooks.TalkerMTP`, width ``mtp_hidden_size``).
-
-What the state and runner seams rely on is declared in :mod:`core.seams`.
 
 Not supported on V2 (a clear error, or documented in ``docs/v2.md``):
 speculative decoding, batch-sharded sampling, prefill context parallelism.
@@ -83,19 +87,30 @@ def _called(module: str, attr: str, *params: str, kind: str = "callable") -> Ven
 
 
 DEFAULT_MODEL_STATE = _called(_DEFAULT, "DefaultModelState", "vllm_config", "model", "encoder_cache", "device", kind="class")
-RESOLVE_MODEL_STATE_CLS = _called("vllm.v1.worker.gpu.model_states", "resolve_model_state_cls", "vllm_config", "model")
+_STATES = "vllm.v1.worker.gpu.model_states"
+#: vLLM asks the model for its ModelState class: 0.32+ in ``resolve_model_state_cls``, 0.26 inline in
+#: ``init_model_state`` (both must mention ``get_model_state_cls``; vLLM 0.23's ``init_model_state`` does not)
+RESOLVE_MODEL_STATE_CLS = VendorSymbol(
+    _STATES, "resolve_model_state_cls", params=("vllm_config", "model"), required=("vllm_config", "model"),
+    mentions=("get_model_state_cls",),
+    alternatives=(VendorSymbol(_STATES, "init_model_state", params=("vllm_config", "model", "encoder_cache", "device"),
+                               required=("vllm_config", "model", "encoder_cache", "device"),
+                               mentions=("get_model_state_cls",)),),
+)
 MS_ADD_REQUEST = _called(_DEFAULT, "DefaultModelState.add_request", "req_index", "new_req_data")
 MS_REMOVE_REQUEST = _called(_DEFAULT, "DefaultModelState.remove_request", "req_id")
 MS_PREPARE_INPUTS = _called(_DEFAULT, "DefaultModelState.prepare_inputs", "input_batch", "req_states")
-MS_PREPARE_INPUTS_EMBEDS = _called(
-    _DEFAULT, "DefaultModelState.prepare_inputs_embeds", "scheduled_encoder_inputs", "input_batch", "req_states"
+#: the runner's embeds of a multimodal / prompt-embeds batch: 0.32+ ``prepare_inputs_embeds``, 0.26 ``get_mm_embeddings``
+#: (same parameters); :func:`model_state_cls` binds the omni overlay under whichever name the installed vLLM calls
+MS_PREPARE_INPUTS_EMBEDS = VendorSymbol(
+    _DEFAULT, "DefaultModelState.prepare_inputs_embeds", params=("scheduled_encoder_inputs", "input_batch", "req_states"),
+    required=("scheduled_encoder_inputs", "input_batch", "req_states"),
+    alternatives=(VendorSymbol(_DEFAULT, "DefaultModelState.get_mm_embeddings",
+                               params=("scheduled_encoder_inputs", "input_batch", "req_states"),
+                               required=("scheduled_encoder_inputs", "input_batch", "req_states")),),
 )
 MS_PREPARE_DUMMY_INPUTS = _called(_DEFAULT, "DefaultModelState.prepare_dummy_inputs", "num_reqs", "num_tokens")
 MS_CUSTOM_SAMPLER = _called(_INTERFACE, "ModelState.custom_sampler", "sampler")
-MS_CAPTURE_INNER = _called(
-    _INTERFACE, "ModelState.capture_inner_cudagraphs", "input_buffers", "block_tables", "attn_groups", "kv_cache_config"
-)
-MS_ADDITIONAL_CG = _called(_INTERFACE, "ModelState.get_additional_cg_support")
 # What the state reads: the V2 batch, request state, new-request data, sampler output.
 INPUT_BATCH_FIELDS = tuple(
     VendorSymbol("vllm.v1.worker.gpu.input_batch", f"InputBatch.{name}", kind="attribute")
@@ -114,7 +129,11 @@ V2_SAMPLER_CALL = _called("vllm.v1.worker.gpu.sample.sampler", "Sampler.__call__
 V2_SAMPLED_TOKEN_IDS = VendorSymbol("vllm.v1.worker.gpu.sample.output", "SamplerOutput.sampled_token_ids", kind="attribute")
 V2_SAMPLE_TOKENS = _called("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.sample_tokens", "grammar_output")
 V2_MODEL_STATE_ATTR = VendorSymbol("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.model_state", kind="attribute")
-ATTENTION_CG_SUPPORT = VendorSymbol("vllm.v1.attention.backend", "AttentionCGSupport", kind="class")
+#: the V2 runner's graph capture (no arguments), after which the talker MTP's graphs are captured (every version)
+V2_CAPTURE_MODEL = _called("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.capture_model")
+#: vLLM's switch that lets a graph wrapper capture (what the runners set around their captures)
+CUDAGRAPH_CAPTURING = _called("vllm.compilation.monitor", "set_cudagraph_capturing_enabled", "enabled")
+CUDAGRAPH_CAPTURING_FLAG = VendorSymbol("vllm.compilation.monitor", "cudagraph_capturing_enabled", kind="attribute")
 BATCH_DESCRIPTOR = VendorSymbol(
     "vllm.forward_context", "BatchDescriptor", params=("num_tokens",), required=("num_tokens",), kind="class"
 )
@@ -123,9 +142,10 @@ REQUIRES_RAW_INPUT_TOKENS = _called("vllm.model_executor.models.interfaces", "re
 
 V2_SYMBOLS: tuple[VendorSymbol, ...] = (
     DEFAULT_MODEL_STATE, RESOLVE_MODEL_STATE_CLS, MS_ADD_REQUEST, MS_REMOVE_REQUEST, MS_PREPARE_INPUTS,
-    MS_PREPARE_INPUTS_EMBEDS, MS_PREPARE_DUMMY_INPUTS, MS_CUSTOM_SAMPLER, MS_CAPTURE_INNER, MS_ADDITIONAL_CG,
+    MS_PREPARE_INPUTS_EMBEDS, MS_PREPARE_DUMMY_INPUTS, MS_CUSTOM_SAMPLER, V2_CAPTURE_MODEL, CUDAGRAPH_CAPTURING,
+    CUDAGRAPH_CAPTURING_FLAG,
     *INPUT_BATCH_FIELDS, REQUEST_STATE_PROMPT_LEN, REQUEST_STATE_IDS, *NEW_REQUEST_FIELDS, V2_SAMPLER_CALL,
-    V2_SAMPLED_TOKEN_IDS, V2_SAMPLE_TOKENS, V2_MODEL_STATE_ATTR, ATTENTION_CG_SUPPORT, BATCH_DESCRIPTOR,
+    V2_SAMPLED_TOKEN_IDS, V2_SAMPLE_TOKENS, V2_MODEL_STATE_ATTR, BATCH_DESCRIPTOR,
     CUDAGRAPH_MODE, REQUIRES_RAW_INPUT_TOKENS,
 )
 """Every vLLM V2 symbol this module binds (for the drift check)."""
@@ -133,25 +153,21 @@ V2_SYMBOLS: tuple[VendorSymbol, ...] = (
 
 # ------------------------------------------------------------------ talker MTP
 def capture_talker_mtp(mtp: Any, backend: Any, device: Any) -> int:
-    """Capture ``mtp``'s FULL graphs once (idempotent), inside the driver's
-    graph-capture context (``Backend.graph_capture_context``: a side stream)
-    with vLLM's capture switch on (``set_cudagraph_capturing_enabled``).
-
-    Called from every place a runner captures graphs, whichever the vLLM
-    version reaches: V1 ``capture_model``; V2 ``ModelState.capture_inner_cudagraphs``
-    (vLLM >= 0.32) and the V2 runner's ``capture_model`` (0.26 never calls the
-    former). Returns the number of graphs captured now (0 when there is
-    nothing to capture or it was done already)."""
-    if mtp is None or not mtp.sizes or mtp.captured:
+    """Capture the talker MTP's FULL graphs (one per capture size) inside
+    ``Backend.graph_capture_context``, with vLLM's capture switch
+    (``vllm.compilation.monitor.set_cudagraph_capturing_enabled``) on and then
+    back as it was. The runners call it after their own ``capture_model`` (V1
+    and V2, every vLLM of the window). Returns the number of graphs; 0 eager."""
+    if mtp is None or not mtp.sizes or mtp.captured:  # once: a second capture of a size would re-record it
         return 0
-    from vllm.compilation.monitor import set_cudagraph_capturing_enabled
-
-    set_cudagraph_capturing_enabled(True)
+    was = bool(CUDAGRAPH_CAPTURING_FLAG.resolve())
+    set_capturing = CUDAGRAPH_CAPTURING.resolve()
+    set_capturing(True)
     try:
         with backend.graph_capture_context(device):
             n = mtp.capture()
     finally:
-        set_cudagraph_capturing_enabled(False)
+        set_capturing(was)
     log.info("captured %d talker-MTP graphs (sizes %s)", n, mtp.sizes)
     return n
 
@@ -192,8 +208,10 @@ class OmniModelStateMixin:
         self.omni_hooks = OmniHooks(self.backend, self.omni_kind)
         self.talker_mtp: Any = None  # core.hooks.TalkerMTP
         self.omni_hooks.bind_model(model, vllm_config, mtp_runner=self._static_mtp)
-        # vLLM's runner builds inputs_embeds itself for multimodal / prompt-embeds models.
-        self.runner_builds_embeds = bool(self.supports_mm_inputs or self.model_config.enable_prompt_embeds)
+        # vLLM's runner builds inputs_embeds itself for multimodal models, and for --enable-prompt-embeds where
+        # its state implements them (``supports_prompt_embeds``, vLLM 0.32+; absent before: not built there)
+        self.runner_builds_embeds = bool(self.supports_mm_inputs or (
+            self.model_config.enable_prompt_embeds and getattr(self, "supports_prompt_embeds", False)))
         self.omni_inputs_embeds = None
         # only a model whose payloads bring prompt embeddings reads inputs_embeds; others keep vLLM's
         # input_ids path (the same compiled graphs as stock vLLM)
@@ -226,21 +244,6 @@ class OmniModelStateMixin:
 
     def _mtp_graph_context(self, p: int) -> ContextManager[None]:
         return mtp_graph_context(self.backend, self.vllm_config, p)
-
-    def capture_inner_cudagraphs(self, input_buffers: Any, block_tables: Any, attn_groups: Any, kv_cache_config: Any) -> None:
-        """Capture the talker MTP's FULL graphs (one per capture size) through
-        ``Backend.graph_capture_context``; nothing in eager mode."""
-        super().capture_inner_cudagraphs(input_buffers, block_tables, attn_groups, kv_cache_config)  # type: ignore[misc]
-        capture_talker_mtp(self.talker_mtp, self.backend, self.device)
-
-    def get_additional_cg_support(self) -> tuple[Any, str | None]:
-        """``AttentionCGSupport.NEVER`` for a model whose forward takes the
-        per-request omni kwargs (``model_intermediate_buffer``, ...): Python
-        objects a FULL graph would freeze at capture (vLLM then falls back to
-        PIECEWISE). Otherwise vLLM's default."""
-        if self.omni_hooks.contract.forward_kwargs({"model_intermediate_buffer": None}):
-            return ATTENTION_CG_SUPPORT.resolve().NEVER, f"{type(self).__name__} (per-request omni model kwargs)"
-        return super().get_additional_cg_support()  # type: ignore[misc]
 
     # ------------------------------------------------------ payload lifecycle
     def add_request(self, req_index: int, new_req_data: Any) -> None:
@@ -280,9 +283,15 @@ class OmniModelStateMixin:
                          np.zeros(n, dtype=np.int32), np.zeros(n, dtype=np.int32))
 
     # ----------------------------------------------------------- model inputs
-    def prepare_inputs_embeds(self, scheduled_encoder_inputs: Any, input_batch: Any, req_states: Any) -> Any:
-        """vLLM's embeds (multimodal / ``prompt_embeds``), then the omni overlay."""
-        embeds = super().prepare_inputs_embeds(scheduled_encoder_inputs, input_batch, req_states)  # type: ignore[misc]
+    #: the name the installed vLLM calls for the runner's embeds (:data:`MS_PREPARE_INPUTS_EMBEDS`), set by
+    #: :func:`model_state_cls`, which binds :meth:`omni_inputs_embeds` under it
+    vllm_embeds_seam: str = "prepare_inputs_embeds"
+
+    def omni_inputs_embeds(self, scheduled_encoder_inputs: Any, input_batch: Any, req_states: Any) -> Any:
+        """vLLM's embeds (multimodal / ``prompt_embeds``), then the omni overlay. Bound as
+        ``prepare_inputs_embeds`` (vLLM 0.32+) or ``get_mm_embeddings`` (0.26)."""
+        vllm_embeds = getattr(super(), self.vllm_embeds_seam)
+        embeds = vllm_embeds(scheduled_encoder_inputs, input_batch, req_states)
         batch = self.batch_view(input_batch, req_states)
         if batch is not None and self.omni_hooks.needs_embeds(batch):
             self.omni_hooks.prepare_prefill_embeds(batch, embeds)
@@ -349,8 +358,8 @@ class OmniSampler:
     """vLLM's V2 sampler with the omni hooks around it.
 
     ``__call__(logits [num_logits, vocab], input_batch) -> SamplerOutput``:
-    runs ``process_model_output`` for the batch's forward, vLLM's sampler, then
-    the talker MTP on ``SamplerOutput.sampled_token_ids``. Every other
+    runs ``process_model_output`` for the batch's forward, then vLLM's sampler
+    (the talker MTP ran before the forward, in ``prepare_inputs``). Every other
     attribute is the wrapped sampler's (the runner calls ``add_request``,
     ``apply_staged_writes``, reads ``penalties_state``, ...).
     """
@@ -378,7 +387,9 @@ def model_state_cls(kind: str = AR) -> type:
         raise ValueError(f"runner kind must be one of {KINDS}, got {kind!r}")
     base = DEFAULT_MODEL_STATE.resolve()
     name = f"Omni{'AR' if kind == AR else 'Generation'}ModelState"
-    return type(name, (OmniModelStateMixin, base), {"omni_kind": kind, "__module__": __name__})
+    seam = MS_PREPARE_INPUTS_EMBEDS.resolve_spelling()[0].attr_name  # prepare_inputs_embeds / get_mm_embeddings
+    return type(name, (OmniModelStateMixin, base), {"omni_kind": kind, "__module__": __name__,
+                                                   "vllm_embeds_seam": seam, seam: OmniModelStateMixin.omni_inputs_embeds})
 
 
 # ------------------------------------------------------------------ V2 runner
@@ -395,10 +406,7 @@ class OmniV2RunnerMixin:
         return getattr(getattr(self, "model_state", None), "omni_hooks", None)
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        from core.model_io import limit_cudagraph_mode
-
         super().load_model(*args, **kwargs)  # type: ignore[misc]
-        limit_cudagraph_mode(getattr(self, "vllm_config", None), self.get_model())  # type: ignore[attr-defined]
         state = getattr(self, "model_state", None)
         if not isinstance(state, OmniModelStateMixin):
             from omni_backends.errors import OmniBackendError
@@ -408,17 +416,17 @@ class OmniV2RunnerMixin:
                 f"built {type(state).__name__}: either {type(self.get_model()).__name__} has no "  # type: ignore[attr-defined]
                 "`get_model_state_cls()` returning core.model_state.model_state_cls(kind) (give it one), or this "
                 "vLLM / vendor stack does not consult it (vLLM 0.23 and vllm-ascend 0.23's V2 runner do not; "
-                "vLLM >= 0.32 does); set VLLM_USE_V2_MODEL_RUNNER=0 to run the omni hooks on V1"
+                "vLLM 0.26 through 0.33 do); set VLLM_USE_V2_MODEL_RUNNER=0 to run the omni hooks on V1"
             )
 
-    def capture_model(self, *args: Any, **kwargs: Any) -> int:
-        """vLLM's captures, then the talker MTP's if the state's
-        ``capture_inner_cudagraphs`` was not reached (vLLM 0.26's V2 runner
-        never calls it). Nothing for ``profile_only`` runs (vLLM >= 0.33)."""
+    def capture_model(self, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's captures, then the talker MTP's (:func:`capture_talker_mtp`);
+        nothing more for vLLM 0.33's memory-profiling pass (``profile_only=True``)."""
         n = super().capture_model(*args, **kwargs)  # type: ignore[misc]
         state = getattr(self, "model_state", None)
-        if not kwargs.get("profile_only") and isinstance(state, OmniModelStateMixin):
-            capture_talker_mtp(state.talker_mtp, state.backend, state.device)
+        if kwargs.get("profile_only"):
+            return n
+        capture_talker_mtp(getattr(state, "talker_mtp", None), getattr(state, "backend", None), self.device)  # type: ignore[attr-defined]
         return n
 
     def sample_tokens(self, grammar_output: Any) -> Any:
@@ -438,6 +446,6 @@ def v2_runner_class(base: type, kind: str = AR) -> type:
 
 
 __all__ = [
-    "GENERATION", "OmniModelStateMixin", "capture_talker_mtp", "OmniSampler", "OmniV2RunnerMixin",
+    "GENERATION", "OmniModelStateMixin", "OmniSampler", "OmniV2RunnerMixin",
     "V2_SYMBOLS", "model_state_cls", "v2_runner_class",
 ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import shutil
 import sys
@@ -29,10 +30,59 @@ from core.kinds import AR, GENERATION
 from omni_backends.errors import BadInputError
 
 STAGES = ("thinker", "talker", "code2wav")
-#: engine settings shared by the three stages
-ENGINE_KW: dict[str, Any] = dict(dtype="float32", enforce_eager=True, max_num_seqs=8)
+#: engine settings shared by the three stages on every device. fp32: the demo weights are fp32 and the talker's
+#: codes must equal the plain-PyTorch reference (vLLM's ``dtype="auto"`` would run an fp32 checkpoint in bf16).
+ENGINE_KW: dict[str, Any] = dict(dtype="float32", max_num_seqs=8)
+#: graph modes a user can ask for (``--graph-mode``), vLLM's ``CUDAGraphMode`` names
+GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+RUNNERS = ("auto", "v1", "v2")
 THINKER_MAX_MODEL_LEN = 512
 TALKER_MAX_MODEL_LEN = 1024
+
+
+#: device memory each stage may take besides its KV cache (weights of the tiny models, activations, graph pools,
+#: cuBLAS / compile workspaces), in bytes; sizes ``gpu_memory_utilization`` (see :func:`stage_memory_kw`)
+STAGE_HEADROOM_BYTES = 2 << 30
+_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+def stage_memory_kw(backend: Any, model_dir: str, *, max_model_len: int, max_num_seqs: int,
+                    dtype: str = "float32") -> dict[str, Any]:
+    """vLLM arguments that size one engine's device memory for its model, not for the card.
+
+    vLLM reserves ``gpu_memory_utilization`` (default 0.9) of the whole device
+    per engine; three demo stages on one GPU would not fit. This returns
+    ``kv_cache_memory_bytes`` = twice the KV cache of ``max_num_seqs`` full
+    sequences (``2 * layers * kv_heads * head_dim * dtype bytes * max_model_len
+    * max_num_seqs``, from the model's ``config.json``, at least 64 MiB) and
+    ``gpu_memory_utilization`` = that plus :data:`STAGE_HEADROOM_BYTES` as a
+    fraction of the device's total memory (``Backend.memory_info()``; vLLM's
+    GPU worker checks that much is free when the engine starts). vLLM's CPU
+    worker reads both as host memory; its legacy ``VLLM_CPU_KVCACHE_SPACE``,
+    when set, overrides the KV size.
+
+    Raises :class:`BadInputError` when the device has less free memory than a
+    stage needs.
+    """
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    layers = int(cfg.get("num_hidden_layers", 1))
+    heads = int(cfg.get("num_attention_heads", 1))
+    kv_heads = int(cfg.get("num_key_value_heads", heads))
+    head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
+    per_token = 2 * layers * kv_heads * head_dim * _DTYPE_BYTES.get(str(dtype).removeprefix("torch."), 4)
+    kv_bytes = max(64 << 20, 2 * per_token * max_model_len * max_num_seqs)
+    kv_bytes = -(-kv_bytes // (1 << 20)) << 20  # whole MiB
+    free, total = backend.memory_info()
+    util = min(0.9, math.ceil((kv_bytes + STAGE_HEADROOM_BYTES) / total * 1e4) / 1e4)
+    need = math.ceil(util * total)  # what vLLM's worker checks is free at start (vllm.v1.worker.utils.request_memory)
+    if free < need:
+        raise BadInputError(
+            f"{os.path.basename(os.path.normpath(model_dir))} stage needs about {need / 2**30:.2f} GiB of "
+            f"{backend.name} device memory but only {free / 2**30:.2f} GiB of {total / 2**30:.2f} GiB is free; "
+            "free the device (other processes) or pick another device with --device"
+        )
+    return {"kv_cache_memory_bytes": int(kv_bytes), "gpu_memory_utilization": util}
 
 
 def default_model_dir() -> str:
@@ -80,7 +130,16 @@ class RunConfig:
     seed: int = 0
     out: str = "out"
     model_dir: str | None = None
-    multiprocess: bool = False
+    #: vLLM's multiprocess engine (an engine-core process per stage); ``None``: the device's default
+    #: (:func:`device_defaults`: multiprocess where the driver captures graphs, else in-process)
+    multiprocess: bool | None = None
+    #: ``enforce_eager``; ``None``: the device's default (:func:`device_defaults`: vLLM's defaults, compilation +
+    #: graphs, where the driver captures graphs; else eager). ``True`` is ``--enforce-eager`` (talker MTP eager too).
+    enforce_eager: bool | None = None
+    #: vLLM's ``compilation_config.cudagraph_mode`` (``GRAPH_MODES``); ``None``: vLLM's default
+    graph_mode: str | None = None
+    #: ``v1`` / ``v2`` sets ``VLLM_USE_V2_MODEL_RUNNER``; ``auto`` keeps vLLM's choice (or the variable if set)
+    runner: str = "auto"
 
     def __post_init__(self) -> None:
         self.check()
@@ -100,9 +159,89 @@ class RunConfig:
             raise BadInputError(f"out (--out) must be a directory path, got {self.out!r}")
         if self.model_dir is not None and (not isinstance(self.model_dir, str) or not self.model_dir.strip()):
             raise BadInputError(f"model_dir (--model-dir) must be a directory path or None, got {self.model_dir!r}")
-        if not isinstance(self.multiprocess, bool):
-            raise BadInputError(f"multiprocess (--multiprocess) must be True or False, got {self.multiprocess!r}")
+        for name, flag in (("multiprocess", "--multiprocess"), ("enforce_eager", "--enforce-eager")):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise BadInputError(f"{name} ({flag}) must be True, False or None (the device's default), "
+                                    f"got {value!r}")
+        if self.graph_mode is not None and (not isinstance(self.graph_mode, str)
+                                            or self.graph_mode.strip().upper() not in GRAPH_MODES):
+            raise BadInputError(f"graph_mode (--graph-mode) must be one of {', '.join(GRAPH_MODES)} or None, "
+                                f"got {self.graph_mode!r}")
+        if self.runner not in RUNNERS:
+            raise BadInputError(f"runner (--runner) must be one of {', '.join(RUNNERS)}, got {self.runner!r}")
 
+
+def device_defaults(cfg: RunConfig, backend: Any) -> RunConfig:
+    """``cfg`` with the device-dependent ``None`` fields filled, from the driver's
+    capabilities: a driver that captures graphs (``static_graph_modes``) gets
+    vLLM's defaults for its device (multiprocess engine, compilation + graphs,
+    async scheduling where vLLM turns it on); one without (the cpu driver)
+    runs in-process and eager, as CI always has -- compilation there buys no
+    graphs and costs minutes of torch.compile on a small box."""
+    graphs = backend.capabilities().static_graphs
+    return dataclasses.replace(
+        cfg,
+        multiprocess=graphs if cfg.multiprocess is None else cfg.multiprocess,
+        enforce_eager=(not graphs) if cfg.enforce_eager is None else cfg.enforce_eager,
+    )
+
+
+def check_engine_choices(cfg: RunConfig, backend: Any, env: Any = None) -> str:
+    """Refuse, before an engine starts, a model runner or graph mode the driver cannot run.
+
+    - runner: ``cfg.runner`` (``v1``/``v2``), else ``VLLM_USE_V2_MODEL_RUNNER``
+      when set, against ``capabilities().v1_runner`` / ``v2_runner``;
+    - graph mode: ``cfg.graph_mode`` against ``capabilities().static_graph_modes``
+      (``NONE`` is always possible), and not together with ``enforce_eager``.
+
+    Returns the runner the engines will be asked for (``v1``, ``v2`` or
+    ``auto``). Raises :class:`BadInputError` naming the fix.
+    """
+    env = os.environ if env is None else env
+    caps = backend.capabilities()
+    if cfg.runner not in RUNNERS:
+        raise BadInputError(f"--runner must be one of {', '.join(RUNNERS)}, got {cfg.runner!r}")
+    runner, source = cfg.runner, "--runner"
+    raw = env.get("VLLM_USE_V2_MODEL_RUNNER")
+    if runner == "auto" and raw is not None and raw.strip() != "":
+        if raw.strip().lower() not in ("0", "1", "true", "false"):
+            raise BadInputError(f"VLLM_USE_V2_MODEL_RUNNER={raw!r} is not 0 or 1; unset it or use --runner v1|v2")
+        runner, source = ("v2" if raw.strip().lower() in ("1", "true") else "v1"), f"VLLM_USE_V2_MODEL_RUNNER={raw}"
+    if runner == "v2" and not caps.v2_runner:
+        raise BadInputError(
+            f"{source} asks for vLLM's V2 model runner but the {backend.name} driver cannot run it "
+            f"(capabilities().v2_runner is False); use --runner v1 or unset VLLM_USE_V2_MODEL_RUNNER"
+        )
+    if runner == "v1" and not caps.v1_runner:
+        raise BadInputError(
+            f"{source} asks for vLLM's V1 model runner but the {backend.name} driver cannot run it "
+            f"(capabilities().v1_runner is False); use --runner v2 or unset VLLM_USE_V2_MODEL_RUNNER"
+        )
+    if cfg.graph_mode is not None:
+        mode = cfg.graph_mode.strip().upper()
+        if mode not in GRAPH_MODES:
+            raise BadInputError(f"--graph-mode must be one of {', '.join(GRAPH_MODES)}, got {cfg.graph_mode!r}")
+        supported = tuple(caps.static_graph_modes)
+        if mode != "NONE" and mode not in supported:
+            raise BadInputError(
+                f"--graph-mode {mode} is not supported by the {backend.name} driver (it captures "
+                f"{', '.join(supported) if supported else 'no graphs'}); "
+                + (f"use one of {', '.join(supported)} or NONE" if supported else "drop --graph-mode or use NONE")
+            )
+        if mode != "NONE" and cfg.enforce_eager:
+            raise BadInputError(f"--graph-mode {mode} needs graphs but --enforce-eager turns them off; drop one of them")
+    return runner
+
+
+def engine_kw(cfg: RunConfig) -> dict[str, Any]:
+    """``vllm.LLM`` arguments every stage shares for ``cfg`` (after :func:`device_defaults`)."""
+    kw = dict(ENGINE_KW, seed=cfg.seed)
+    if cfg.enforce_eager:
+        kw["enforce_eager"] = True
+    if cfg.graph_mode is not None:
+        kw["compilation_config"] = {"cudagraph_mode": cfg.graph_mode.strip().upper()}
+    return kw
 
 def _recreate(model_dir: str) -> str:
     return f"Recreate the demo models: omni-backends demo-model create {model_dir}"
@@ -240,10 +379,6 @@ def run_pipeline(cfg: RunConfig, progress: Callable[[str], None] | None = None) 
     cfg.check()  # values first: before the device, the file system or vLLM
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     t_start = time.perf_counter()
-    if cfg.multiprocess:  # explicit: also over an in-process run earlier in this process
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-    else:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # keep the progress lines readable
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries only our result
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -252,6 +387,15 @@ def run_pipeline(cfg: RunConfig, progress: Callable[[str], None] | None = None) 
 
     sel = select(cfg.device)  # cheap: no vendor stack imported yet
     say(f"device: {sel.name} ({sel.rule}): {sel.reason}")
+    mp_given = cfg.multiprocess is not None
+    cfg = device_defaults(cfg, sel.backend)
+    runner = check_engine_choices(cfg, sel.backend)
+    if runner != "auto":
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "v2" else "0"
+    if mp_given:  # explicit: also over an in-process run earlier in this process
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if cfg.multiprocess else "0"
+    else:  # the device's default, unless the user's environment says otherwise
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if cfg.multiprocess else "0")
     with blame_import_failures():
         if cfg.model_dir is None:
             cfg.model_dir = default_model_dir()
@@ -267,7 +411,7 @@ def run_pipeline(cfg: RunConfig, progress: Callable[[str], None] | None = None) 
     staging = tempfile.mkdtemp(prefix=".omni-run-", dir=os.path.dirname(out))
     try:
         with blame_import_failures():
-            summary = _run_stages(cfg, configs, staging, say)
+            summary = _run_stages(cfg, configs, staging, say, sel.backend)
         summary["device"] = {"selected": sel.name, "rule": sel.rule, "reason": sel.reason, "versions": sel.versions}
         summary["total_seconds"] = round(time.perf_counter() - t_start, 3)
         with open(os.path.join(staging, "summary.json"), "w") as f:
@@ -381,14 +525,15 @@ class _Stages:
         import threading
 
         self.engines[stage] = None  # starting: a failure here is this stage's
-        llm = make()
+        res = make()  # the engine, or (engine, its summary entries)
+        llm = res[0] if isinstance(res, tuple) else res
         self.engines[stage] = llm
         if getattr(getattr(llm.llm_engine.engine_core, "resources", None), "engine_manager", None) is not None:
             stop = threading.Event()
             threading.Thread(target=_watch_engine_process, args=(llm, stop), daemon=True,
                              name=f"omni-{stage}-engine-watchdog").start()
             self.watchdogs[stage] = stop
-        return llm
+        return res
 
     def release(self, stage: str) -> None:
         stop = self.watchdogs.pop(stage, None)
@@ -426,22 +571,61 @@ class _Stages:
                                    f"written.", stage=stage) from exc
 
 
-def _run_stages(cfg: RunConfig, configs: dict[str, dict[str, Any]], staging: str, say: Callable[[str], None]) -> dict[str, Any]:
+def _start_stage(stage: str, model: str, kind: str, cfg: RunConfig, backend: Any, max_model_len: int,
+                 **kw: Any) -> tuple[Any, dict[str, Any]]:
+    """Start one stage's engine; returns it and its summary entries (engine start
+    time, the memory it was given, what vLLM resolved)."""
+    from core.stage import make_engine
+
+    mem = stage_memory_kw(backend, model, max_model_len=max_model_len, max_num_seqs=ENGINE_KW["max_num_seqs"],
+                          dtype=ENGINE_KW["dtype"])
+    t0 = time.perf_counter()
+    llm = make_engine(model, kind=kind, device=cfg.device, max_model_len=max_model_len, **engine_kw(cfg), **mem, **kw)
+    info = {"engine_start_seconds": round(time.perf_counter() - t0, 3), **mem, "engine": engine_config(llm)}
+    return llm, info
+
+
+def engine_config(llm: Any) -> dict[str, Any]:
+    """What vLLM resolved for an engine: runner, graphs, scheduling, process layout."""
+    cfg = llm.llm_engine.vllm_config
+    cc = cfg.compilation_config
+    return {
+        "model_runner": "v2" if getattr(cfg, "use_v2_model_runner", False) else "v1",
+        "enforce_eager": bool(cfg.model_config.enforce_eager),
+        "compilation_mode": getattr(cc.mode, "name", str(cc.mode)),
+        "cudagraph_mode": getattr(cc.cudagraph_mode, "name", str(cc.cudagraph_mode)),
+        "async_scheduling": bool(cfg.scheduler_config.async_scheduling),
+        "multiprocess": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0",
+        "dtype": str(cfg.model_config.dtype).removeprefix("torch."),
+        # as vLLM applied them (vLLM's CPU platform lets VLLM_CPU_KVCACHE_SPACE override the KV size)
+        "kv_cache_memory_bytes": cfg.cache_config.kv_cache_memory_bytes,
+        "gpu_memory_utilization": cfg.cache_config.gpu_memory_utilization,
+    }
+
+
+def _worker_stats(llm: Any) -> dict[str, Any]:
+    """Rank 0's ``omni_state``: peak device memory of the stage's worker, talker MTP mode and graph use."""
+    state = llm.collective_rpc("omni_state")[0]
+    return {"peak_device_memory_bytes": state.get("peak_memory_bytes"), "talker_mtp": state.get("mtp_mode"),
+            "mtp_graph": state.get("mtp_graph")}
+
+
+def _run_stages(cfg: RunConfig, configs: dict[str, dict[str, Any]], staging: str, say: Callable[[str], None],
+                backend: Any) -> dict[str, Any]:
     """The three stages; every engine is shut down before this returns or raises."""
     engines = _Stages()
     try:
-        return _run_stages_on(engines, cfg, configs, staging, say)
+        return _run_stages_on(engines, cfg, configs, staging, say, backend)
     finally:
         engines.release_all()
 
 
 def _run_stages_on(engines: _Stages, cfg: RunConfig, configs: dict[str, dict[str, Any]], staging: str,
-                   say: Callable[[str], None]) -> dict[str, Any]:
+                   say: Callable[[str], None], backend: Any) -> dict[str, Any]:
     import torch
     from vllm import SamplingParams
 
     from core.payloads import EXTRA_ARGS_KEY, pack
-    from core.stage import make_engine
 
     stages: dict[str, Any] = {}
     md = cfg.model_dir
@@ -450,17 +634,19 @@ def _run_stages_on(engines: _Stages, cfg: RunConfig, configs: dict[str, dict[str
     t0 = time.perf_counter()
     with engines.stage("thinker"):
         say("[1/3] thinker: starting engine")
-        thinker = engines.start("thinker", lambda: make_engine(
-            os.path.join(md, "thinker"), kind=AR, device=cfg.device, max_model_len=THINKER_MAX_MODEL_LEN,
-            seed=cfg.seed, **ENGINE_KW))
+        thinker, info = engines.start("thinker", lambda: _start_stage(
+            "thinker", os.path.join(md, "thinker"), AR, cfg, backend, THINKER_MAX_MODEL_LEN))
         say(f"[1/3] thinker: generating up to {cfg.max_tokens} tokens")
         params = SamplingParams(max_tokens=cfg.max_tokens, temperature=0.8, top_p=0.95, seed=cfg.seed)
         (th,) = thinker.generate([cfg.prompt], params, use_tqdm=False)
         hidden = th.multimodal_outputs["hidden"]
         text = th.outputs[0].text
+        stats = _worker_stats(thinker)
     engines.release("thinker")
     stages["thinker"] = {"prompt_tokens": len(th.prompt_token_ids), "generated_tokens": len(th.outputs[0].token_ids),
-                         "hidden_states": list(hidden.shape), "seconds": round(time.perf_counter() - t0, 3)}
+                         "hidden_states": list(hidden.shape), **info,
+                         "peak_device_memory_bytes": stats["peak_device_memory_bytes"],
+                         "seconds": round(time.perf_counter() - t0, 3)}
     with open(os.path.join(staging, "thinker.txt"), "w") as f:
         f.write(text + "\n")
 
@@ -469,9 +655,8 @@ def _run_stages_on(engines: _Stages, cfg: RunConfig, configs: dict[str, dict[str
     n_frames = max(1, min(cfg.max_tokens * 2, TALKER_MAX_MODEL_LEN - hidden.shape[0] - 1))
     with engines.stage("talker"):
         say(f"[2/3] talker: starting engine ({hidden.shape[0]} prompt embeddings, voice {cfg.voice})")
-        talker = engines.start("talker", lambda: make_engine(
-            os.path.join(md, "talker"), kind=AR, device=cfg.device, max_model_len=TALKER_MAX_MODEL_LEN,
-            skip_tokenizer_init=True, seed=cfg.seed, **ENGINE_KW))
+        talker, info = engines.start("talker", lambda: _start_stage(
+            "talker", os.path.join(md, "talker"), AR, cfg, backend, TALKER_MAX_MODEL_LEN, skip_tokenizer_init=True))
         say(f"[2/3] talker: generating {n_frames} codec frames")
         payload = pack({"thinker_hidden": hidden, "voice": cfg.voice})
         # one token more than frames: a frame is a token plus its MTP residuals, made at the next decode step
@@ -480,10 +665,12 @@ def _run_stages_on(engines: _Stages, cfg: RunConfig, configs: dict[str, dict[str
         (tk,) = talker.generate([{"prompt_token_ids": [0] * hidden.shape[0]}], tparams, use_tqdm=False)
         codes = tk.multimodal_outputs["codes.audio"].to(torch.int64)
         codes = codes[codes[:, 0] >= 0]  # prompt rows carry -1
-        mtp_mode = talker.collective_rpc("omni_state")[0]["mtp_mode"]
+        stats = _worker_stats(talker)
     engines.release("talker")
     stages["talker"] = {"prompt_embeds": hidden.shape[0], "generated_tokens": int(codes.shape[0]),
-                        "codebooks": int(codes.shape[1]), "talker_mtp": mtp_mode,
+                        "codebooks": int(codes.shape[1]), "talker_mtp": stats["talker_mtp"],
+                        "talker_mtp_graph": stats["mtp_graph"], **info,
+                        "peak_device_memory_bytes": stats["peak_device_memory_bytes"],
                         "seconds": round(time.perf_counter() - t0, 3)}
     with open(os.path.join(staging, "codes.json"), "w") as f:
         json.dump(codes.tolist(), f)
@@ -492,18 +679,23 @@ def _run_stages_on(engines: _Stages, cfg: RunConfig, configs: dict[str, dict[str
     t0 = time.perf_counter()
     with engines.stage("code2wav"):
         say("[3/3] code2wav: starting engine")
-        c2w = engines.start("code2wav", lambda: make_engine(
-            os.path.join(md, "code2wav"), kind=GENERATION, device=cfg.device, max_model_len=TALKER_MAX_MODEL_LEN,
-            skip_tokenizer_init=True, seed=cfg.seed, **ENGINE_KW))
+        c2w, info = engines.start("code2wav", lambda: _start_stage(
+            "code2wav", os.path.join(md, "code2wav"), GENERATION, cfg, backend, TALKER_MAX_MODEL_LEN,
+            skip_tokenizer_init=True))
         say(f"[3/3] code2wav: synthesising {codes.shape[0]} frames")
         cparams = SamplingParams(max_tokens=1, detokenize=False, extra_args={EXTRA_ARGS_KEY: pack({"codes": codes})})
         (cw,) = c2w.generate([{"prompt_token_ids": [0] * codes.shape[0]}], cparams, use_tqdm=False)
         wav = cw.multimodal_outputs["waveform"].reshape(-1)
+        stats = _worker_stats(c2w)
     engines.release("code2wav")
     sr = int(configs["code2wav"].get("sample_rate", 16000))
     _write_wav(os.path.join(staging, "out.wav"), wav, sr)
     stages["code2wav"] = {"frames": int(codes.shape[0]), "samples": int(wav.numel()), "sample_rate": sr,
-                          "audio_seconds": round(wav.numel() / sr, 3), "seconds": round(time.perf_counter() - t0, 3)}
+                          "audio_seconds": round(wav.numel() / sr, 3), **info,
+                          "peak_device_memory_bytes": stats["peak_device_memory_bytes"],
+                          "seconds": round(time.perf_counter() - t0, 3)}
     say(f"done: {wav.numel() / sr:.2f} s of audio")
     return {"prompt": cfg.prompt, "voice": cfg.voice, "seed": cfg.seed, "max_tokens": cfg.max_tokens,
-            "thinker_text": text, "stages": stages}
+            "thinker_text": text, "stages": stages,
+            "engine_options": {"enforce_eager": cfg.enforce_eager, "graph_mode": cfg.graph_mode, "runner": cfg.runner,
+                               "multiprocess": cfg.multiprocess}}

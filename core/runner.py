@@ -35,10 +35,42 @@ import numpy as np
 
 from core.hooks import BatchView, OmniHooks
 from core.kinds import AR, KINDS
-from core.model_io import ModelOutputAdapter, limit_cudagraph_mode, omni_runner_output
+from core.model_io import ModelOutputAdapter, omni_runner_output
 from omni_backends.backend import Backend, capture_sizes
+from omni_backends.binding import VendorSymbol
 from omni_backends.errors import OmniBackendError
 from omni_backends.registry import get_backend
+
+# ------------------------------------------------------- vLLM V1 seams (declared once, for the drift check)
+# What the mixin overrides or reads on vLLM's V1 GPUModelRunner (the CPU / XPU / Ascend V1 runners subclass it),
+# the same in every vLLM of the cuda window (0.26 through 0.33; tests/core/test_runner_seams.py).
+_V1 = "vllm.v1.worker.gpu_model_runner"
+
+
+def _v1(attr: str, *params: str, kind: str = "callable") -> VendorSymbol:
+    import sys
+
+    frame = sys._getframe(1)
+    return VendorSymbol(_V1, f"GPUModelRunner.{attr}", params=params, required=params if params else None, kind=kind,
+                        defined_at=f"{frame.f_code.co_filename}:{frame.f_lineno}")
+
+
+V1_SYMBOLS: tuple[VendorSymbol, ...] = (
+    _v1("load_model"),  # called with vLLM's own arguments, passed through
+    _v1("capture_model"),
+    _v1("_update_states", "scheduler_output"),
+    _v1("_preprocess", "scheduler_output", "num_input_tokens", "intermediate_tensors"),  # returns a 6-tuple
+    _v1("_model_forward"),  # vLLM's arguments, passed through
+    _v1("sample_tokens", "grammar_output"),
+    *(_v1(name, kind="attribute") for name in (
+        "input_batch", "query_start_loc", "inputs_embeds", "input_ids", "max_num_reqs", "max_num_tokens",
+        "model_config", "vllm_config", "dtype", "device", "model", "requests", "sampler")),
+    *(VendorSymbol("vllm.v1.worker.gpu_input_batch", f"InputBatch.{name}", kind="attribute")
+      for name in ("req_ids", "num_reqs", "num_computed_tokens_cpu", "num_prompt_tokens", "sampling_metadata")),
+    *(VendorSymbol("vllm.v1.core.sched.output", f"SchedulerOutput.{name}", kind="attribute")
+      for name in ("finished_req_ids", "scheduled_new_reqs")),
+)
+"""Every vLLM V1 symbol this module relies on (for the drift check)."""
 
 
 class OmniV1RunnerMixin:
@@ -64,7 +96,6 @@ class OmniV1RunnerMixin:
         self._omni_io = ModelOutputAdapter(
             self.get_model(), self.max_num_tokens, self.model_config.get_hidden_size(), self.dtype
         )
-        limit_cudagraph_mode(self.vllm_config, self.get_model())  # before vLLM resolves it (KV-cache init)
         self.omni_hooks.bind_model(self.get_model(), self.vllm_config, mtp_runner=self._omni_mtp_runner)
 
     def _omni_mtp_runner(self, head: Any, eager: Any, hidden_size: int) -> Any:
@@ -86,7 +117,7 @@ class OmniV1RunnerMixin:
         return self._omni_talker_mtp
 
     def capture_model(self) -> int:
-        """vLLM's captures, then the talker MTP's (capturing enabled only around them)."""
+        """vLLM's captures, then the talker MTP's (``core.model_state.capture_talker_mtp``)."""
         n = super().capture_model()
         from core.model_state import capture_talker_mtp
 

@@ -96,19 +96,16 @@ V2_STATE_SEAMS = (
          ours=_MS + "add_request"),
     Seam("remove_request", params=("req_id",), required=("req_id",), ours=_MS + "remove_request"),
     Seam("prepare_inputs_embeds", params=("scheduled_encoder_inputs", "input_batch", "req_states"),
-         required=("scheduled_encoder_inputs", "input_batch", "req_states"), ours=_MS + "prepare_inputs_embeds"),
+         required=("scheduled_encoder_inputs", "input_batch", "req_states"),
+         ours=_MS + "omni_inputs_embeds"),  # bound as prepare_inputs_embeds / get_mm_embeddings (0.26)
     Seam("prepare_inputs", params=("input_batch", "req_states"), required=("input_batch", "req_states"),
          ours=_MS + "prepare_inputs"),
     Seam("prepare_dummy_inputs", params=("num_reqs", "num_tokens"), required=("num_reqs", "num_tokens"),
          ours=_MS + "prepare_dummy_inputs"),
     Seam("custom_sampler", params=("sampler",), required=("sampler",), ours=_MS + "custom_sampler"),
-    # where vLLM never calls these two (0.26), the runner mixin does their work: talker-MTP graphs in
-    # capture_model, the FULL-graph opt-out (limit_cudagraph_mode) in load_model
-    Seam("capture_inner_cudagraphs", params=("input_buffers", "block_tables", "attn_groups", "kv_cache_config"),
-         required=("input_buffers", "block_tables", "attn_groups", "kv_cache_config"),
-         ours=_MS + "capture_inner_cudagraphs", fallback="core/model_state.py:OmniV2RunnerMixin.capture_model"),
-    Seam("get_additional_cg_support", required=(), ours=_MS + "get_additional_cg_support",
-         fallback="core/model_state.py:OmniV2RunnerMixin.load_model"),
+    # no capture_inner_cudagraphs / get_additional_cg_support: vLLM 0.26 never calls them, so the runner
+    # mixin's capture_model captures the talker-MTP graphs and hooks.bind_model lowers FULL graphs for
+    # models taking per-request kwargs (core.hooks.no_full_graphs), the same on every version
 )
 V2_RUNNER_SEAMS = (
     Seam("load_model", ours="core/model_state.py:OmniV2RunnerMixin.load_model"),

@@ -69,19 +69,13 @@ class OmniWorkerMixin:
             ),
             "mtp_calls": dict(hooks.mtp_calls) if hooks else None,
             "mtp_mode": hooks.mtp_mode if hooks else None,
-            # talker-MTP graphs (core.hooks.TalkerMTP): captured sizes and replays so far
-            "mtp_graphs": getattr(_static_mtp(runner), "captured", 0),
-            "mtp_replays": getattr(_static_mtp(runner), "replays", 0),
+            # talker MTP graphs: sizes captured and replays since (None when the head runs eager or is absent)
+            "mtp_graph": getattr(getattr(hooks, "talker_mtp", None), "graph_stats", lambda: None)() if hooks else None,
+            "peak_memory_bytes": sel.backend.peak_memory() if sel else None,
             "local_rank": getattr(self, "local_rank", None),
             "rank_device": self.rank_device.to_json() if getattr(self, "rank_device", None) else None,
             "dist_backend": distributed_backend_in_use(),
         }
-
-
-def _static_mtp(runner: Any) -> Any:
-    """The runner's persistent-buffer talker MTP (V1: on the runner; V2: on its model state), or None."""
-    mtp = getattr(runner, "_omni_talker_mtp", None)
-    return mtp if mtp is not None else getattr(getattr(runner, "model_state", None), "talker_mtp", None)
 
 
 @functools.lru_cache(maxsize=None)

@@ -280,6 +280,13 @@ class Backend(abc.ABC):
     def memory_info(self) -> tuple[int, int]:
         """``(free, total)`` device memory in bytes (``torch.accelerator.get_memory_info``)."""
 
+    def peak_memory(self) -> int | None:
+        """Peak device memory this process's allocator has held, in bytes
+        (``torch.accelerator.max_memory_reserved``: allocator blocks incl. graph
+        pools, not the driver context); ``None`` where the driver cannot tell
+        (the default). Never raises."""
+        return None
+
     @abc.abstractmethod
     def empty_cache(self) -> None:
         """Release cached, unused allocator blocks (``torch.accelerator.empty_cache``)."""

@@ -177,6 +177,9 @@ def render_devices_text(report: dict[str, Any]) -> str:
                 f"torch device {ident['device_type']}; dist backend {ident['dist_backend']}; visible-devices "
                 f"variable {ident['visible_devices_env'] or '-'}; aliases {aliases}",
             )
+            if ident.get("vendor_requirements"):
+                lines += _wrapped("supports", "; ".join(f"{dist}{spec}" for dist, spec in
+                                                        ident["vendor_requirements"].items()))
         caps = d.get("capabilities")
         if caps:
             lines += _wrapped("capabilities", "; ".join(f"{k} {_fmt_flag(v)}" for k, v in caps.items()))

@@ -89,6 +89,18 @@ class TorchAcceleratorOps:
         free, total = get()
         return int(free), int(total)
 
+    def peak_memory(self) -> int | None:
+        """``torch.accelerator.max_memory_reserved()`` (older torch: the device module's twin), bytes; ``None``
+        if neither exists or the call fails (device not initialised in this process)."""
+        import torch
+
+        fn = getattr(torch.accelerator, "max_memory_reserved", None) or getattr(
+            getattr(torch, self.device_type, None), "max_memory_reserved", None)
+        try:
+            return int(fn()) if fn is not None else None
+        except Exception:  # e.g. no device context in this process
+            return None
+
     def empty_cache(self) -> None:
         import torch
 

@@ -82,10 +82,12 @@ def test_probe_states(monkeypatch):
     assert r.state is ProbeState.USABLE and r.device_count == 2 and "vLLM 0.33.0" in r.reason
     r = _probe_with(monkeypatch, vllm="0.33.0", gpus=0)
     assert r.state is ProbeState.IMPORTABLE and "no NVIDIA GPU" in r.reason
-    r = _probe_with(monkeypatch, vllm="0.32.1", gpus=1)
-    assert r.state is ProbeState.IMPORTABLE and "vllm 0.32.1 is installed but vllm>=0.33,<0.34 is required" in r.reason
-    r = _probe_with(monkeypatch, vllm="0.33.0", torch="2.11.0", gpus=1)
-    assert r.state is ProbeState.IMPORTABLE and "torch 2.11.0" in r.reason
+    r = _probe_with(monkeypatch, vllm="0.33.0", torch="2.11.0", gpus=1)  # the probe checks each range, not the pairing
+    assert r.state is ProbeState.USABLE
+    r = _probe_with(monkeypatch, vllm="0.34.0", gpus=1)
+    assert r.state is ProbeState.IMPORTABLE and "vllm 0.34.0 is installed but vllm>=0.26,<0.34 is required" in r.reason
+    r = _probe_with(monkeypatch, vllm="0.33.0", torch="2.15.0", gpus=1)
+    assert r.state is ProbeState.IMPORTABLE and "torch 2.15.0 is installed but torch>=2.11,<2.15" in r.reason
     r = _probe_with(monkeypatch, vllm="0.33.0", gpus=1, visible="")
     assert r.state is ProbeState.IMPORTABLE and "hides every GPU" in r.reason
     r = _probe_with(monkeypatch, vllm="0.33.0", gpus=2, visible="3")
@@ -94,6 +96,37 @@ def test_probe_states(monkeypatch):
     assert r.state is ProbeState.USABLE and r.device_count == 2
     r = _probe_with(monkeypatch, vllm=None, gpus=1)
     assert r.state is ProbeState.NOT_INSTALLED and r.device_count == 1
+
+
+@pytest.mark.parametrize("vllm,torch", [("0.26.0", "2.11.0+cu130"), ("0.27.1", "2.13.0"), ("0.32.0", "2.13.0"),
+                                         ("0.33.0", "2.14.0")])
+def test_probe_accepts_the_version_window(monkeypatch, vllm, torch):
+    r = _probe_with(monkeypatch, vllm=vllm, torch=torch, gpus=1)
+    assert r.state is ProbeState.USABLE, r.reason
+
+
+@pytest.mark.parametrize("vllm,torch", [("0.25.1", "2.11.0"), ("0.34.0", "2.14.0"), ("0.26.0", "2.10.0")])
+def test_version_outside_the_window_is_reported_and_refused_with_the_fix(monkeypatch, vllm, torch):
+    """Outside the window: ``devices`` reports it (importable, not usable) and an explicit --device cuda is refused."""
+    from omni_backends.errors import DeviceNotUsableError
+    from omni_backends.registry import decide
+
+    r = _probe_with(monkeypatch, vllm=vllm, torch=torch, gpus=1)
+    assert r.state is ProbeState.IMPORTABLE
+    assert "the cuda driver supports vLLM >=0.26,<0.34 with torch >=2.11,<2.15" in r.reason
+    assert "pip install 'omni-backends[cuda]'" in r.fix
+    with pytest.raises(DeviceNotUsableError, match=r"device 'cuda' was requested .* not usable here: .*is required.*"
+                                                   r"To fix: install a vLLM CUDA build inside the window"):
+        decide("cuda", env={})
+
+
+def test_cuda_extra_states_the_driver_window():
+    import tomllib
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f:
+        extra = tomllib.load(f)["project"]["optional-dependencies"]["cuda"]
+    assert f"vllm{cuda_driver.VLLM_WINDOW}" in extra
+    assert CudaBackend.vendor_requirements == {"vllm": cuda_driver.VLLM_WINDOW, "torch": cuda_driver.TORCH_WINDOW}
 
 
 def test_probe_never_raises(monkeypatch):

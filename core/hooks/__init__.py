@@ -9,8 +9,8 @@
 
 from core.hooks.batch import BatchView
 from core.hooks.contract import ModelContract, ModelContractError, read_contract
-from core.hooks.omni_hooks import MTP_SEED_KEY, OmniHooks
+from core.hooks.omni_hooks import MTP_SEED_KEY, OmniHooks, no_full_graphs
 from core.hooks.talker_mtp import TalkerMTP
 
 __all__ = ["BatchView", "MTP_SEED_KEY", "ModelContract", "ModelContractError", "OmniHooks", "TalkerMTP",
-           "read_contract"]
+           "no_full_graphs", "read_contract"]

@@ -81,9 +81,15 @@ class OmniHooks:
         default an eager :class:`TalkerMTP` for 256 rows)."""
         self.model = model
         self.contract = c = read_contract(model)
+        if vllm_config is not None:
+            from core.model_io import copy_graph_inputs, takes_per_request_kwargs
+
+            if takes_per_request_kwargs(model):
+                no_full_graphs(vllm_config, f"{type(model).__name__} takes per-request omni kwargs")
+            copy_graph_inputs(vllm_config, model)  # its compiled decoder reads embeddings it builds itself
         self.payloads.device_resident_keys = c.gpu_resident_buffer_keys
         model_config = getattr(vllm_config, "model_config", None)
-        if model_config is not None:
+        if model_config is not None and hasattr(model_config, "get_vocab_size"):
             self.vocab_size = int(model_config.get_vocab_size())
             params = getattr(model_config, "subtalker_sampling_params", None)
             self.mtp_sampling = {k: params.get(k) for k in ("do_sample", "temperature", "top_k", "top_p")
@@ -101,7 +107,7 @@ class OmniHooks:
                                      "width of its persistent input buffers); set model.mtp_hidden_size")
         head = c.talker_mtp
         caps = self.backend.capabilities()
-        graphs_on = _graphs_enabled(vllm_config)
+        graphs_on = vllm_config is not None and _graphs_enabled(vllm_config)
         if caps.talker_mtp_graph and c.talker_mtp_graph_safe and graphs_on:
             from vllm.config import CUDAGraphMode
 
@@ -412,13 +418,41 @@ class OmniHooks:
 
 
 def _graphs_enabled(vllm_config: Any) -> bool:
-    """True unless the engine runs without graphs (``enforce_eager``, i.e.
-    ``compilation_config.cudagraph_mode`` NONE): then vLLM never calls
-    ``capture_model`` and a graph-wrapped head would capture mid-step."""
-    if vllm_config is None:
+    """False when the engine runs without graphs (``enforce_eager`` or ``cudagraph_mode`` NONE): the talker MTP
+    then runs eager too, so ``--enforce-eager`` compares a wholly eager run."""
+    model_config = getattr(vllm_config, "model_config", None)
+    if getattr(model_config, "enforce_eager", False):
         return False
     mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
-    return mode is None or mode.name != "NONE"
+    return mode is None or getattr(mode, "name", str(mode)) != "NONE"
+
+
+#: FULL CUDA-graph modes and what is left of each without its FULL part (vLLM's ``CUDAGraphMode`` names)
+_WITHOUT_FULL = {"FULL_AND_PIECEWISE": "PIECEWISE", "FULL": "NONE", "FULL_DECODE_ONLY": "NONE"}
+
+
+def no_full_graphs(vllm_config: Any, why: str) -> str | None:
+    """Lower ``vllm_config.compilation_config.cudagraph_mode`` to its non-FULL part
+    (``FULL_AND_PIECEWISE`` -> ``PIECEWISE``; ``FULL`` / ``FULL_DECODE_ONLY`` -> ``NONE``).
+
+    A model whose forward takes vLLM-Omni's per-request Python objects
+    (``core.model_io.takes_per_request_kwargs``: ``model_intermediate_buffer``,
+    token spans, ...) cannot run in a FULL graph: the capture freezes the dummy
+    batch's kwargs and every replay reuses them. PIECEWISE graphs leave the
+    model's own code eager and keep working. Called from ``bind_model`` (V1
+    ``load_model``, the V2 model state's ``__init__``), before vLLM resolves its
+    graph mode and captures, the same on every vLLM version of the window.
+    Returns the new mode's name, or None if unchanged.
+    """
+    cc = getattr(vllm_config, "compilation_config", None)
+    mode = getattr(cc, "cudagraph_mode", None)
+    name = getattr(mode, "name", None)
+    if name not in _WITHOUT_FULL:
+        return None
+    lowered = _WITHOUT_FULL[name]
+    cc.cudagraph_mode = type(mode)[lowered]
+    log.warning("cudagraph_mode %s -> %s: %s (a FULL graph would freeze them at capture)", name, lowered, why)
+    return lowered
 
 
 def _owned(host: torch.Tensor, source: torch.Tensor) -> torch.Tensor:

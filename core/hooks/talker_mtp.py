@@ -94,6 +94,19 @@ class TalkerMTP:
         assert self.out_embeds is not None and self.out_codes is not None
         return self.out_embeds[:n].clone(), self.out_codes[:n].clone()
 
+    def graph_stats(self) -> dict[str, Any] | None:
+        """Graph mode: ``{"sizes", "captured", "replays"}`` -- ``captured`` counts the graphs the wrapped graph
+        wrapper holds (vLLM's ``CUDAGraphWrapper.concrete_cudagraph_entries`` with a graph) when it exposes them,
+        else the sizes run by :meth:`capture`; ``replays`` the calls since. ``None`` when eager."""
+        if not self.sizes:
+            return None
+        entries = getattr(self.mtp, "concrete_cudagraph_entries", None)
+        if isinstance(entries, dict):
+            captured = sum(1 for e in entries.values() if getattr(e, "cudagraph", None) is not None)
+        else:
+            captured = len(self.sizes) if self.captured else 0
+        return {"sizes": list(self.sizes), "captured": captured, "replays": self.replays}
+
     def capture(self) -> int:
         """Run the head once per capture size, largest first (the graph wrapper
         captures on a size's first call). Returns the number of sizes."""

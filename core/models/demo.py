@@ -214,6 +214,13 @@ class OmniDemoCode2Wav(LlamaForCausalLM):
         self.code_embeds = nn.ModuleList(nn.Embedding(cfg.codebook_size, cfg.hidden_size) for _ in range(cfg.num_codebooks))
         self.wave_head = nn.Linear(cfg.hidden_size, cfg.hop_length, bias=False)
 
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs: Any):
+        # always the embeddings path into the compiled decoder: vLLM's dummy runs pass input_ids, real steps
+        # pass the prompt embeddings, and a compiled (no-guard) decoder must see one kind of input
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_input_ids(input_ids)
+        return super().forward(None, positions, intermediate_tensors, inputs_embeds)
+
     @classmethod
     def validate_omni_payload(cls, hf_config: Any, payload: dict, prompt_len: int | None) -> None:
         """Raise ``ValueError`` saying what to fix (see the talker's)."""

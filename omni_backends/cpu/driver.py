@@ -165,6 +165,13 @@ class CpuBackend(VllmUpstreamBindings, Backend):
         vm = psutil.virtual_memory()
         return int(vm.available), int(vm.total)
 
+    def peak_memory(self) -> int | None:
+        """Peak resident memory of this process (``resource.getrusage(RUSAGE_SELF).ru_maxrss``, KiB on Linux), bytes:
+        the cpu "device" is host memory."""
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
     def empty_cache(self) -> None:
         return None
 

@@ -1,4 +1,9 @@
-"""CUDA driver on vLLM 0.33 (NVIDIA GPUs).
+"""CUDA driver on vLLM 0.26 through 0.33 (NVIDIA GPUs; torch 2.11 through 2.14).
+
+- supported window: :data:`VLLM_WINDOW` / :data:`TORCH_WINDOW` (the ``[cuda]``
+  extra says the same); a version outside it probes "importable, not usable"
+  with the fix, so ``omni-backends devices`` reports it and an explicit
+  ``--device cuda`` is refused before vLLM is imported.
 
 - identity: ``--device cuda``, torch device type ``cuda``, ``nccl``,
   ``CUDA_VISIBLE_DEVICES``, priority 100.
@@ -62,13 +67,9 @@ GPU_WORKER = VendorSymbol(
     required=("vllm_config", "local_rank", "rank", "distributed_init_method"),
     kind="class",
 )
-V2_SAMPLER = VendorSymbol(
-    "vllm.v1.worker.gpu.sample.sampler",
-    "Sampler",
-    params=("vllm_config", "max_num_reqs", "vocab_size", "device", "req_states", "logprobs_mode"),
-    required=("vllm_config", "max_num_reqs", "vocab_size", "device", "req_states"),
-    kind="class",
-)
+# The V2 runner constructs its sampler itself (0.26: ``Sampler(max_num_reqs, ...)``; 0.32, 0.33: ``Sampler(vllm_config,
+# max_num_reqs, ...)``); the driver only names the class, so only its existence is declared.
+V2_SAMPLER = VendorSymbol("vllm.v1.worker.gpu.sample.sampler", "Sampler", kind="class")
 
 
 def nvidia_gpu_count() -> tuple[int, str]:
@@ -115,6 +116,13 @@ def visible_gpu_count(visible: str, present: int) -> int:
     return len(seen)
 
 
+#: vLLM releases the driver (and the core's seams, ``core.model_state``) supports: 0.26 (torch 2.11, the newest
+#: vLLM built for it; what runs on the lent H200) through 0.33 (torch 2.14). Keep in step with the ``[cuda]`` extra.
+VLLM_WINDOW = ">=0.26,<0.34"
+#: torch releases those vLLM builds pin: 2.11 (0.26), 2.13 (0.27-0.32), 2.14 (0.33).
+TORCH_WINDOW = ">=2.11,<2.15"
+
+
 class CudaBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
     """NVIDIA GPUs through vLLM's CUDA platform (see the module docstring for every binding)."""
 
@@ -123,7 +131,7 @@ class CudaBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
     dist_backend: ClassVar[str] = "nccl"
     visible_devices_env: ClassVar[str | None] = "CUDA_VISIBLE_DEVICES"
     priority: ClassVar[int] = 100
-    vendor_requirements: ClassVar[dict[str, str]] = {"vllm": ">=0.33,<0.34", "torch": ">=2.14,<2.15"}
+    vendor_requirements: ClassVar[dict[str, str]] = {"vllm": VLLM_WINDOW, "torch": TORCH_WINDOW}
     verification = (Verification.DEVICE, Verification.STATIC)
     vllm_device_type: ClassVar[str] = "cuda"
 
@@ -144,8 +152,11 @@ class CudaBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
                 )
             problems = version_mismatches(cls.vendor_requirements, versions)
             if problems:
-                return ProbeResult(ProbeState.IMPORTABLE, "; ".join(problems), versions,
-                                   fix="pip install 'omni-backends[cuda]'", device_count=count)
+                return ProbeResult(ProbeState.IMPORTABLE,
+                                   "; ".join(problems) + f" (the cuda driver supports vLLM {VLLM_WINDOW} with "
+                                   f"torch {TORCH_WINDOW})", versions,
+                                   fix="install a vLLM CUDA build inside the window: pip install 'omni-backends[cuda]' "
+                                       f"(or pin 'vllm{VLLM_WINDOW}')", device_count=count)
             if count == 0:
                 return ProbeResult(ProbeState.IMPORTABLE, f"vLLM is installed but no NVIDIA GPU is visible ({how})",
                                    versions, fix="run on a machine with an NVIDIA GPU and its driver loaded")
@@ -170,7 +181,7 @@ class CudaBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
             d2h_stream_ordered=True,
             pinned_memory=True,
             v1_runner=True,
-            v2_runner=True,  # vLLM 0.33 on CUDA defaults to the V2 model runner
+            v2_runner=True,  # vLLM 0.26-0.33 on CUDA default to the V2 model runner
             talker_mtp_graph=True,
             device_sync_after_replay_safe=True,
         )
@@ -207,9 +218,9 @@ class CudaBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
     # ------------------------------------------------------------- sampler
     def v2_sampler_cls(self) -> type:
         """``vllm.v1.worker.gpu.sample.sampler.Sampler``: the sampler vLLM's V2
-        model runner constructs itself (``Sampler(vllm_config, max_num_reqs,
-        vocab_size, device, req_states, logprobs_mode=...)``); the omni V2
-        model state reaches it through the runner, never builds its own."""
+        model runner constructs itself (its constructor differs across the
+        window: 0.32 and 0.33 take ``vllm_config`` first, 0.26 does not); the omni
+        V2 model state reaches it through the runner, never builds its own."""
         return V2_SAMPLER.resolve()
 
     # ------------------------------------------------------------- buffers

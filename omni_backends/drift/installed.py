@@ -44,7 +44,17 @@ class InstalledResolver:
         except (ImportError, ValueError):
             return False
 
+    def source_text(self, sym: VendorSymbol) -> str | None:
+        """Source of the object :meth:`resolve` found last (``inspect.getsource``), or None."""
+        import inspect
+
+        try:
+            return inspect.getsource(self.last_obj)
+        except (TypeError, OSError, AttributeError):
+            return None
+
     def resolve(self, sym: VendorSymbol) -> tuple[str, list[Param] | None, str]:
+        self.last_obj = None
         if not self.covers(sym.module):
             raise _Unverifiable(f"{sym.module.split('.')[0]} is not installed")
         try:
@@ -63,6 +73,7 @@ class InstalledResolver:
                     return _where(obj), None, "instance attribute"
                 raise _Missing("missing-symbol", f"{getattr(obj, '__name__', obj)!s} has no {part!r}")
             obj = getattr(obj, part)
+        self.last_obj = obj
         where = _where(obj)
         if sym.kind in ("attribute", "module") or not (sym.params or sym.required is not None or sym.defaults):
             return where, None, type(obj).__name__

@@ -17,9 +17,10 @@ DRIFT_KINDS = (
     "new-required-param",
     "changed-default",
     "import-error",
+    "missing-behaviour",
 )
 #: finding kinds that are reported but are not drift.
-NOTE_KINDS = ("not-checked", "unverifiable", "kwargs-only", "guarded-import")
+NOTE_KINDS = ("not-checked", "unverifiable", "kwargs-only", "guarded-import", "alternative")
 
 _VAR_KINDS = ("var_positional", "var_keyword")
 

@@ -340,6 +340,7 @@ class SourceResolver:
 
     def resolve(self, sym: VendorSymbol) -> tuple[str, list[Param] | None, str]:
         """(vendor file:line, signature params or None, what it is). Raises _Missing/_Unverifiable."""
+        self.last_node = None
         if not self.covers(sym.module):
             raise _Unverifiable(f"{sym.module.split('.')[0]} is not in the given sources")
         if self.native(sym.module):
@@ -365,6 +366,7 @@ class SourceResolver:
             d = _Def("member", node, where_mod.module)
         if d.kind == "module":
             return d.module, None, "module"
+        self.last_node = node
         where = f"{where_mod.rel}:{getattr(node, 'lineno', '?')}"
         if sym.kind in ("attribute", "module") or not (sym.params or sym.required is not None or sym.defaults):
             return where, None, type(node).__name__
@@ -374,6 +376,11 @@ class SourceResolver:
         if isinstance(node, ast.ClassDef):
             return where, self._class_signature(where_mod, node), "class"
         raise _Unverifiable(f"{sym.qualname} is bound by an assignment at {where}; its signature cannot be read statically")
+
+    def source_text(self, sym: VendorSymbol) -> str | None:
+        """Source of the definition :meth:`resolve` found last (``ast.unparse``)."""
+        node = getattr(self, "last_node", None)
+        return ast.unparse(node) if isinstance(node, ast.AST) else None
 
     def _class_signature(self, idx: _ModuleIndex, cls: ast.ClassDef) -> list[Param]:
         try:

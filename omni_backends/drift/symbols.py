@@ -6,7 +6,7 @@ import ast
 from typing import Any, Iterable
 
 from omni_backends.binding import VendorSymbol
-from omni_backends.drift.model import _VAR_KINDS, Declared, DriverReport, Finding, Param, _rel_defined_at
+from omni_backends.drift.model import _VAR_KINDS, DRIFT_KINDS, Declared, DriverReport, Finding, Param, _rel_defined_at
 from omni_backends.drift.sources import SourceResolver, SourceTree, _Missing, _Unverifiable
 
 
@@ -62,8 +62,38 @@ def _same_default(got: str, expected: str) -> bool:
         return got.rsplit(".", 2)[-2:] == expected.rsplit(".", 2)[-2:]
 
 
+def _check_symbol(sym: VendorSymbol, resolver: Any) -> tuple[bool, str | None, list[tuple[str, str, str | None]]]:
+    """(checked, vendor file:line, [(kind, message, vendor_at)]) for one spelling of a declaration."""
+    try:
+        where, params, _what = resolver.resolve(sym)
+    except _Missing as exc:
+        return True, None, [(exc.kind, str(exc), exc.where)]
+    except _Unverifiable as exc:
+        kind = "not-checked" if "not in the given sources" in str(exc) or "not installed" in str(exc) else "unverifiable"
+        return False, None, [(kind, str(exc), None)]
+    out: list[tuple[str, str, str | None]] = []
+    if params is not None:
+        out += [(kind, message, where) for kind, message in compare_signature(sym, params)]
+    if sym.mentions:
+        text = resolver.source_text(sym)
+        if text is None:
+            out.append(("unverifiable", f"cannot read the source of {sym.qualname} to check it mentions "
+                                        f"{', '.join(sym.mentions)}", where))
+        else:
+            gone = [m for m in sym.mentions if m not in text]
+            if gone:
+                out.append(("missing-behaviour", f"{sym.qualname} no longer mentions {', '.join(gone)}: the behaviour "
+                                                 "the binding relies on is gone", where))
+    return True, where, out
+
+
 def check_declarations(driver: str, declared: Iterable[Declared], resolver: Any) -> DriverReport:
     """Resolve every declaration with ``resolver`` (:class:`InstalledResolver` / :class:`SourceResolver`).
+
+    A declaration with ``alternatives`` passes when one spelling resolves
+    without drift (first its own, then the alternatives in order); a note
+    (``alternative``) says which one. Otherwise its own spelling's findings
+    are reported, naming the alternatives tried.
 
     The report's ``statuses`` lists every declaration with its status
     (``clean``, ``drift``, ``not-checked``, ``unverifiable``, ``note``) and
@@ -73,7 +103,6 @@ def check_declarations(driver: str, declared: Iterable[Declared], resolver: Any)
     checked = 0
     declared = list(declared)
     for d in declared:
-        sym = d.symbol
         first = len(findings)
 
         def add(kind: str, message: str, vendor_at: str | None = None, d: Declared = d) -> None:
@@ -82,27 +111,27 @@ def check_declarations(driver: str, declared: Iterable[Declared], resolver: Any)
                         list(d.used_at), vendor_at)
             )
 
-        where: str | None = None
-        try:
-            where, params, _what = resolver.resolve(sym)
-        except _Missing as exc:
-            checked += 1
-            add(exc.kind, str(exc), exc.where)
-            params = None
-        except _Unverifiable as exc:
-            kind = "not-checked" if "not in the given sources" in str(exc) or "not installed" in str(exc) else "unverifiable"
-            add(kind, str(exc))
-            params = None
-        else:
-            checked += 1
-            if params is not None:
-                for kind, message in compare_signature(sym, params):
-                    add(kind, message, where)
+        main_checked, main_where, main = _check_symbol(d.symbol, resolver)
+        sym, was_checked, where, out = d.symbol, main_checked, main_where, main
+        if any(kind in DRIFT_KINDS for kind, _, _ in main):
+            for alt in d.symbol.alternatives:
+                alt_checked, alt_where, alt_out = _check_symbol(alt, resolver)
+                if alt_checked and not any(kind in DRIFT_KINDS for kind, _, _ in alt_out):
+                    sym, was_checked, where, out = alt, alt_checked, alt_where, alt_out
+                    break
+        checked += int(was_checked)
+        if sym is not d.symbol:
+            add("alternative", f"{d.symbol.qualname} is absent here; the seam resolves as {sym.qualname} "
+                               f"(declared alternative)", where)
+        for kind, message, at in out:
+            if sym is d.symbol and d.symbol.alternatives and kind in DRIFT_KINDS:
+                message += f" (alternatives tried: {', '.join(a.qualname for a in d.symbol.alternatives)})"
+            add(kind, message, at)
         mine = findings[first:]
         status = ("drift" if any(f.drift for f in mine) else mine[0].kind if mine and len(mine) == 1
                   and mine[0].kind in ("not-checked", "unverifiable") else "note" if mine else "clean")
         statuses.append({"symbol": d.name, "target": sym.qualname, "status": status,
-                         "kinds": [f.kind for f in mine], "declared_at": _rel_defined_at(sym.defined_at),
+                         "kinds": [f.kind for f in mine], "declared_at": _rel_defined_at(d.symbol.defined_at),
                          "vendor_at": where or next((f.vendor_at for f in mine if f.vendor_at), None)})
     return DriverReport(driver, len(declared), checked, findings, statuses)
 

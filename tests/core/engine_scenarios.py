@@ -2,6 +2,18 @@
 are per process). ``python tests/core/engine_scenarios.py SCENARIO DEMO_DIR OUT.pt``.
 
 Each scenario saves a dict with ``torch.save``; tests compare the files.
+
+The device and the engine variant come from the environment (set by
+``tests/core/conftest.py`` from pytest's ``--device`` and the variant under test):
+
+- ``OMNI_TEST_DEVICE``: the driver (``cpu`` default, ``cuda``, ...);
+- ``OMNI_TEST_GRAPHS``: ``eager`` (``enforce_eager=True``), ``default`` (vLLM's
+  defaults for the device: compilation + CUDA graphs on CUDA) or ``warmup``
+  (cpu: compilation on with Dynamo's eager backend, so vLLM's CPU worker runs
+  its warm-up, ``profile_run`` -> ``_dummy_run`` with the omni model; with
+  ``enforce_eager`` vLLM skips it: ``CPUModelRunner.warming_up_model`` returns
+  at ``CompilationMode.NONE``);
+- ``VLLM_USE_V2_MODEL_RUNNER``: vLLM's own switch (V1 ``0`` / V2 ``1``).
 """
 
 from __future__ import annotations
@@ -11,6 +23,10 @@ import sys
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
+DEVICE = os.environ.get("OMNI_TEST_DEVICE", "cpu")
+GRAPHS = os.environ.get("OMNI_TEST_GRAPHS", "eager")
+GRAPH_VARIANTS = ("eager", "default", "warmup")
+
 PROMPTS = [
     "Hello",
     "The quick brown fox jumps over the lazy dog",
@@ -18,7 +34,52 @@ PROMPTS = [
     "A thinker writes text",
 ]
 MAX_TOKENS = [5, 9, 3, 12]
-ENGINE_KW = dict(dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=16, seed=0)
+MAX_MODEL_LEN, MAX_NUM_SEQS = 256, 16
+
+
+def engine_kw(device: str = DEVICE, graphs: str = GRAPHS) -> dict:
+    """``vllm.LLM`` arguments of the variant: fp32, seed 0, small context;
+    ``enforce_eager`` only for ``eager``. Device memory: :func:`memory_kw`."""
+    if graphs not in GRAPH_VARIANTS:
+        raise SystemExit(f"OMNI_TEST_GRAPHS must be one of {GRAPH_VARIANTS}, got {graphs!r}")
+    kw: dict = dict(dtype="float32", max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS, seed=0)
+    if graphs == "eager":
+        kw["enforce_eager"] = True
+    elif graphs == "warmup":
+        # DYNAMO_TRACE_ONCE (2) with the "eager" backend: compilation mode != NONE (so vLLM's CPU worker warms
+        # up through profile_run -> _dummy_run), traced once by Dynamo, no Inductor code generation (CI cost)
+        kw["compilation_config"] = {"mode": 2, "backend": "eager"}
+    return kw
+
+
+ENGINE_KW = engine_kw()
+
+
+def memory_kw(model: str) -> dict:
+    """Per-engine device memory sized for the model (``core.pipeline.stage_memory_kw``; on cpu
+    ``VLLM_CPU_KVCACHE_SPACE`` still sets the KV size)."""
+    from core.pipeline import stage_memory_kw
+    from core.stage import prepare_device
+
+    return stage_memory_kw(prepare_device(DEVICE).backend, model, max_model_len=MAX_MODEL_LEN,
+                           max_num_seqs=MAX_NUM_SEQS, dtype="float32")
+
+
+def omni_engine(model: str, **kw):
+    """``core.stage.make_engine`` on the test device with the variant's arguments."""
+    from core.stage import make_engine
+
+    return make_engine(model, device=DEVICE, **{**ENGINE_KW, **memory_kw(model), **kw})
+
+
+def engine_config(llm) -> dict:
+    """What vLLM resolved for this engine (to check the variant really ran)."""
+    cfg = llm.llm_engine.vllm_config
+    cc = cfg.compilation_config
+    return {"device": DEVICE, "graphs": GRAPHS, "use_v2_model_runner": bool(getattr(cfg, "use_v2_model_runner", False)),
+            "async_scheduling": bool(cfg.scheduler_config.async_scheduling), "enforce_eager": cfg.model_config.enforce_eager,
+            "compilation_mode": int(cc.mode), "cudagraph_mode": str(cc.cudagraph_mode),
+            "multiprocess": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0"}
 
 
 def sampling_batch():
@@ -52,8 +113,12 @@ def in_process_runner(llm):
 
 def count_mtp(llm) -> dict:
     """Count talker-MTP work in an in-process engine: ``rows`` the head ran on in
-    all, ``per_request`` MTP calls per request (kept past the request's end)."""
-    hooks = in_process_runner(llm).omni_hooks
+    all, ``per_request`` MTP calls per request (kept past the request's end).
+    A multiprocess engine's runner is out of reach: counts stay ``None``."""
+    try:
+        hooks = in_process_runner(llm).omni_hooks
+    except AttributeError:
+        return {"rows": None, "calls": None, "per_request": {}, "live": {}}
     counts = {"rows": 0, "calls": 0, "per_request": {}}
     mtp = hooks.talker_mtp
     head = mtp.mtp
@@ -85,11 +150,10 @@ def talker_batch(demo_dir: str) -> dict:
     from vllm import SamplingParams
 
     from core.payloads import EXTRA_ARGS_KEY, pack
-    from core.stage import make_engine
 
     g = torch.Generator().manual_seed(7)
     hiddens = [torch.randn(n, 128, generator=g) for n, _, _ in TALKER_REQUESTS]
-    talker = make_engine(os.path.join(demo_dir, "talker"), device="cpu", skip_tokenizer_init=True, **ENGINE_KW)
+    talker = omni_engine(os.path.join(demo_dir, "talker"), skip_tokenizer_init=True)
     prompts, params = [], []
     for h, (n, voice, frames) in zip(hiddens, TALKER_REQUESTS):
         prompts.append({"prompt_token_ids": [0] * n})
@@ -102,8 +166,7 @@ def talker_batch(demo_dir: str) -> dict:
     rows = [o.multimodal_outputs["codes.audio"] for o in outs]
     codes = [r[r[:, 0] >= 0] for r in rows]  # prompt rows carry -1
     tokens = [list(o.outputs[0].token_ids) for o in outs]
-    c2w = make_engine(os.path.join(demo_dir, "code2wav"), kind="generation", device="cpu", skip_tokenizer_init=True,
-                      **ENGINE_KW)
+    c2w = omni_engine(os.path.join(demo_dir, "code2wav"), kind="generation", skip_tokenizer_init=True)
     wouts = c2w.generate([{"prompt_token_ids": [0] * c.shape[0]} for c in codes],
                          [SamplingParams(max_tokens=1, detokenize=False, extra_args={EXTRA_ARGS_KEY: pack({"codes": c})})
                           for c in codes], use_tqdm=False)
@@ -129,6 +192,7 @@ def talker_batch(demo_dir: str) -> dict:
     again = c2w.generate([{"prompt_token_ids": [0] * codes[0].shape[0]}], [SamplingParams(
         max_tokens=1, detokenize=False, extra_args={EXTRA_ARGS_KEY: pack({"codes": codes[0]})})], use_tqdm=False)
     return {"requests": TALKER_REQUESTS, "hiddens": hiddens, "codes": codes, "refused": refused,
+            "talker_workers": talker.collective_rpc("omni_state"), "config": engine_config(talker),
             "waveform_again": again[0].multimodal_outputs["waveform"].reshape(-1), "bad_payloads": result_bad,
             "code_rows": [r.shape[0] for r in rows], "tokens": tokens,
             "mtp_calls": [next((v for k, v in mtp_calls.items() if k == o.request_id or k.startswith(f"{o.request_id}-")),
@@ -143,9 +207,8 @@ def payload_lifecycle(talker: str) -> dict:
     from vllm import SamplingParams
 
     from core.payloads import EXTRA_ARGS_KEY, pack
-    from core.stage import make_engine
 
-    llm = make_engine(talker, device="cpu", skip_tokenizer_init=True, **ENGINE_KW)
+    llm = omni_engine(talker, skip_tokenizer_init=True)
     eng = llm.llm_engine
     g = torch.Generator().manual_seed(0)
     ids = {"done": "talk-done", "aborted": "talk-aborted"}
@@ -179,20 +242,22 @@ def main(scenario: str, demo_dir: str, out: str) -> None:
     if scenario == "stock-thinker":
         from vllm import LLM
 
-        llm = LLM(stock_thinker_view(thinker, os.path.join(demo_dir, "thinker-stock")), **ENGINE_KW)
+        from core.stage import prepare_device
+
+        prepare_device(DEVICE)  # the same driver selection and vLLM platform as the omni engines
+        stock = stock_thinker_view(thinker, os.path.join(demo_dir, "thinker-stock"))
+        llm = LLM(stock, **ENGINE_KW, **memory_kw(stock))
         prompts, params = sampling_batch()
         result["outputs"] = collect(llm.generate(prompts, params, use_tqdm=False))
+        result["config"] = engine_config(llm)
     elif scenario in ("omni-thinker", "omni-thinker-mp"):
-        from core.stage import make_engine
-
-        llm = make_engine(thinker, device="cpu", **ENGINE_KW)
+        llm = omni_engine(thinker)
         prompts, params = sampling_batch()
         result["outputs"] = collect(llm.generate(prompts, params, use_tqdm=False))
         result["workers"] = llm.collective_rpc("omni_state")
+        result["config"] = engine_config(llm)
     elif scenario == "omni-thinker-tp2":
-        from core.stage import make_engine
-
-        llm = make_engine(thinker, device="cpu", tensor_parallel_size=2, **ENGINE_KW)
+        llm = omni_engine(thinker, tensor_parallel_size=2)
         prompts, params = sampling_batch()
         result["outputs"] = collect(llm.generate(prompts[:4], params[:4], use_tqdm=False))
         result["workers"] = llm.collective_rpc("omni_state")

@@ -515,3 +515,66 @@ def test_recomputed_positions_after_preemption_are_not_emitted_twice():
     assert rows == [0, 1, 2, 3, 4, 5]
     hooks.on_finished_requests(["r"])
     assert "r" not in hooks._emitted
+
+
+def test_a_model_taking_per_request_kwargs_gets_no_full_cuda_graphs(backend):
+    """FULL graphs would freeze the capture's per-request kwargs (voice, payload rows) into every replay:
+    bind_model lowers vLLM's graph mode to its piecewise part, before vLLM resolves it and captures."""
+    import types
+
+    from vllm.config import CUDAGraphMode
+
+    class Accepting:  # its forward reads vLLM-Omni's per-request state
+        def forward(self, input_ids, positions, model_intermediate_buffer=None, **kwargs):
+            pass
+
+    for given, want in [(CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.PIECEWISE), (CUDAGraphMode.FULL, CUDAGraphMode.NONE),
+                        (CUDAGraphMode.FULL_DECODE_ONLY, CUDAGraphMode.NONE), (CUDAGraphMode.PIECEWISE, CUDAGraphMode.PIECEWISE),
+                        (CUDAGraphMode.NONE, CUDAGraphMode.NONE)]:
+        cfg = types.SimpleNamespace(compilation_config=types.SimpleNamespace(cudagraph_mode=given),
+                                    model_config=types.SimpleNamespace(enforce_eager=False))
+        OmniHooks(backend, AR).bind_model(Accepting(), vllm_config=cfg)
+        assert cfg.compilation_config.cudagraph_mode == want, (given, cfg.compilation_config.cudagraph_mode)
+    plain = types.SimpleNamespace(compilation_config=types.SimpleNamespace(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE),
+                                  model_config=types.SimpleNamespace(enforce_eager=False))
+    OmniHooks(backend, AR).bind_model(object(), vllm_config=plain)
+    assert plain.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE  # the thinker keeps FULL graphs
+
+
+def test_talker_mtp_is_graph_wrapped_only_when_the_engine_runs_graphs(backend):
+    """``--enforce-eager`` (or cudagraph_mode NONE) must run the MTP head eager too, so graph vs eager compares."""
+    import dataclasses as dc
+    import types
+
+    from vllm.config import CUDAGraphMode
+
+    class GraphBackend:  # the cpu driver, claiming talker-MTP graphs, recording wrap_graph
+        name = "graphs"
+
+        def __init__(self):
+            self.wrapped = []
+
+        def capabilities(self):
+            return dc.replace(backend.capabilities(), static_graph_modes=("FULL",), talker_mtp_graph=True)
+
+        def wrap_graph(self, fn, vllm_config, mode):
+            self.wrapped.append(mode)
+            return fn
+
+        def __getattr__(self, name):
+            return getattr(backend, name)
+
+    class SafeTalker(_Talker):
+        talker_mtp_graph_safe = True
+
+    def cfg(eager, mode):
+        return types.SimpleNamespace(compilation_config=types.SimpleNamespace(cudagraph_mode=mode),
+                                     model_config=types.SimpleNamespace(enforce_eager=eager))
+
+    for eager, mode, want in [(False, CUDAGraphMode.FULL_AND_PIECEWISE, "graph"), (True, CUDAGraphMode.NONE, "eager"),
+                              (False, CUDAGraphMode.NONE, "eager"), (False, CUDAGraphMode.PIECEWISE, "graph")]:
+        gb = GraphBackend()
+        hooks = OmniHooks(gb)
+        hooks.bind_model(SafeTalker(), vllm_config=cfg(eager, mode))
+        assert hooks.mtp_mode == want, (eager, mode)
+        assert gb.wrapped == ([CUDAGraphMode.FULL] if want == "graph" else [])

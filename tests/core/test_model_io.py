@@ -313,47 +313,6 @@ def test_the_omni_scheduler_keeps_vllms_async_scheduling():
     assert type(s).base is AsyncScheduler and built == [{"vllm_config": config(True), "kv_cache_config": None}]
 
 
-def test_models_reading_per_request_kwargs_get_no_full_graphs_on_v1_and_v2():
-    """A FULL graph replays the capture batch's per-request Python objects (the
-    talker's voices): the runner lowers cudagraph_mode before vLLM resolves it."""
-    pytest.importorskip("vllm")
-    from vllm.config import CUDAGraphMode
-
-    from core.model_state import OmniV2RunnerMixin
-
-    class Talker(OmniModel):  # its forward reads vLLM-Omni's per-request state
-        def forward(self, input_ids, positions=None, intermediate_tensors=None, inputs_embeds=None,
-                    model_intermediate_buffer=None, **kw):
-            return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
-
-    cases = [(Talker, CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.PIECEWISE),
-             (Talker, CUDAGraphMode.FULL, CUDAGraphMode.NONE),
-             (Talker, CUDAGraphMode.PIECEWISE, CUDAGraphMode.PIECEWISE),
-             (OmniModel, CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.FULL_AND_PIECEWISE)]
-    for model_cls, before, after in cases:
-        config = types.SimpleNamespace(compilation_config=types.SimpleNamespace(cudagraph_mode=before))
-        v1 = _v1_runner(model_cls())
-        v1.vllm_config = config
-        v1.load_model()
-        assert config.compilation_config.cudagraph_mode == after, (model_cls, before)
-
-        config.compilation_config.cudagraph_mode = before
-        model = model_cls()
-
-        class V2Base:
-            def load_model(self):
-                self.model_state = None
-
-            def get_model(self):
-                return model
-
-        v2 = type("V2", (OmniV2RunnerMixin, V2Base), {})()
-        v2.vllm_config = config
-        with pytest.raises(Exception, match="omni V2 runner needs"):  # the fake base builds no omni state
-            v2.load_model()
-        assert config.compilation_config.cudagraph_mode == after, ("v2", model_cls, before)
-
-
 def test_talker_mtp_is_graph_wrapped_only_when_the_engine_captures_graphs():
     """With ``enforce_eager`` (cudagraph_mode NONE) vLLM never calls
     ``capture_model``: a graph-wrapped MTP head would capture mid-step."""
@@ -415,13 +374,13 @@ def test_talker_mtp_graphs_are_captured_once_whichever_seam_vllm_reaches():
                 return 3
 
         runner = type("V2", (OmniV2RunnerMixin, V2Base), {})()
-        runner.model_state = state
+        runner.model_state, runner.device = state, torch.device("cpu")
         assert runner.capture_model() == 3
-        assert calls == [4, 2, 1] and mtp.captured == 3, state_captures  # once, largest first
+        assert calls == [4, 2, 1] and mtp.captured, state_captures  # once, largest first
         mtp(torch.zeros(1, dtype=torch.int64), torch.zeros(1, H), torch.zeros(1, H), torch.zeros(1, H))
         assert mtp.replays == 1
     calls.clear()
     mtp = TalkerMTP(head, 4, H, torch.float32, torch.device("cpu"), sizes=[1, 2, 4])
     state.talker_mtp = mtp
     runner.capture_model(profile_only=True)  # vLLM 0.33's memory profiling pass captures nothing
-    assert calls == [] and mtp.captured == 0
+    assert calls == [] and not mtp.captured

@@ -411,17 +411,66 @@ def test_full_graph_replay_reads_the_persistent_outputs(vllm_config):
 
 @needs_vllm
 def test_models_with_per_request_kwargs_opt_out_of_full_graphs(vllm_config):
-    from vllm.v1.attention.backend import AttentionCGSupport
+    """The state's bind_model lowers vLLM's graph mode before vLLM resolves it (every vLLM of the window: 0.26
+    has no ``get_additional_cg_support``), so a FULL graph never freezes per-request kwargs."""
+    import copy
 
-    state = make_state(vllm_config, TinyTalker())
-    support, who = state.get_additional_cg_support()
-    assert support == AttentionCGSupport.NEVER and "per-request omni model kwargs" in who
+    from vllm.config import CUDAGraphMode
+
+    cfg = copy.copy(vllm_config)
+    cfg.compilation_config = copy.copy(vllm_config.compilation_config)
+    cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
+    cfg.model_config = copy.copy(vllm_config.model_config)
+    cfg.model_config.enforce_eager = False
+    make_state(cfg, TinyTalker())
+    assert cfg.compilation_config.cudagraph_mode == CUDAGraphMode.PIECEWISE
 
     class NoKwargs(TinyTalker):  # a forward that takes none of the omni kwargs
         def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
             return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
 
-    assert make_state(vllm_config, NoKwargs()).get_additional_cg_support()[0] == AttentionCGSupport.ALWAYS
+    cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
+    make_state(cfg, NoKwargs())
+    assert cfg.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE
+
+
+@needs_vllm
+def test_the_embeds_overlay_is_bound_under_the_name_the_installed_vllm_calls(vllm_config, monkeypatch):
+    """vLLM 0.32+ call ``prepare_inputs_embeds``, 0.26 ``get_mm_embeddings`` (same parameters): the state binds
+    the omni overlay under whichever the installed ``DefaultModelState`` has (``MS_PREPARE_INPUTS_EMBEDS``)."""
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    from core import model_state as ms
+
+    assert ms.model_state_cls(AR).prepare_inputs_embeds is ms.OmniModelStateMixin.omni_inputs_embeds
+    calls = []
+
+    def old_spelling(self, scheduled_encoder_inputs, input_batch, req_states):  # vLLM 0.26's name
+        calls.append(scheduled_encoder_inputs)
+        return torch.zeros(int(input_batch.num_tokens_after_padding), H)
+
+    from vllm.v1.worker.gpu.model_states.interface import ModelState
+
+    monkeypatch.delattr(DefaultModelState, "prepare_inputs_embeds")
+    monkeypatch.delattr(ModelState, "prepare_inputs_embeds")
+    monkeypatch.setattr(DefaultModelState, "get_mm_embeddings", old_spelling, raising=False)
+    ms.model_state_cls.cache_clear()
+    try:
+        cls = ms.model_state_cls(AR)
+        assert cls.vllm_embeds_seam == "get_mm_embeddings" and "prepare_inputs_embeds" not in vars(cls)
+        assert cls.get_mm_embeddings is ms.OmniModelStateMixin.omni_inputs_embeds
+        model = TinyTalker()
+        state = make_state(vllm_config, model)
+        pl = payloads()
+        for p in pl.values():  # vLLM-Omni's prompt-embeds overlay: a top-level prompt_embeds in the state
+            p["prompt_embeds"] = p["thinker_hidden"] * 3.0
+        rs = add_all(state, pl)
+        b = input_batch(padded=16)
+        emb = state.get_mm_embeddings({"enc": []}, b, rs)
+        assert calls == [{"enc": []}]  # vLLM's own embeds first ...
+        torch.testing.assert_close(emb[1:9], pl["mid"]["thinker_hidden"][4:12] * 3.0)  # ... then the omni overlay
+    finally:
+        ms.model_state_cls.cache_clear()
 
 
 # ------------------------------------------------------------ static MTP
@@ -486,6 +535,64 @@ def test_static_mtp_pads_to_capture_sizes_on_fixed_addresses(vllm_config, cpu_se
         static(torch.zeros(9, dtype=torch.int64), torch.zeros(9, H), torch.zeros(9, H), torch.zeros(9, H))
     with pytest.raises(ValueError, match="do not reach max_num_reqs"):
         TalkerMTP(head, 16, H, torch.float32, torch.device("cpu"), sizes=[1, 2, 4])
+
+
+@needs_vllm
+def test_v2_runner_captures_the_talker_mtp_after_vllms_captures(vllm_config, cpu_selected):
+    """vLLM 0.26's V2 runner never calls ``ModelState.capture_inner_cudagraphs``: the talker MTP's graphs are
+    captured in the runner's ``capture_model`` (the V1 runner's seam too), with vLLM's capture switch on and
+    restored; the stats count the graphs and the replays after."""
+    import contextlib
+
+    import vllm.compilation.monitor as monitor
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+
+    from core.hooks import TalkerMTP
+    from core.model_state import OmniV2RunnerMixin
+    from omni_backends.backend import capture_sizes
+
+    head = TinyTalker().talker_mtp
+    wrapper = RecordingGraphWrapper(head)
+    seen = []
+
+    class Backend:  # the cpu driver plus a recorded capture context
+        @contextlib.contextmanager
+        def graph_capture_context(self, device):
+            seen.append(("context", monitor.cudagraph_capturing_enabled))
+            yield
+
+    def context(p):
+        return cpu_selected.forward_context(None, vllm_config, num_tokens=p, cudagraph_runtime_mode=CUDAGraphMode.FULL,
+                                            batch_descriptor=BatchDescriptor(num_tokens=p))
+
+    sizes = capture_sizes(MAX_REQS)
+    static = TalkerMTP(wrapper, MAX_REQS, H, torch.float32, torch.device("cpu"), eager=head, sizes=sizes,
+                       context=context)
+
+    class Base:  # the V2 GPUModelRunner's capture_model, as far as the seam sees it
+        device = torch.device("cpu")
+        model_state = types.SimpleNamespace(talker_mtp=static, backend=Backend())
+
+        def capture_model(self):
+            seen.append("vllm")
+            return 7
+
+    runner = type("R", (OmniV2RunnerMixin, Base), {})()
+    monitor.set_cudagraph_capturing_enabled(False)
+    try:
+        assert static.graph_stats() == {"sizes": sizes, "captured": 0, "replays": 0}
+        assert runner.capture_model() == 7
+        assert seen == ["vllm", ("context", True)]  # after vLLM's captures, capturing switched on
+        assert monitor.cudagraph_capturing_enabled is False  # ... and back as it was
+    finally:
+        monitor.set_cudagraph_capturing_enabled(True)
+    assert wrapper.events == [("capture", p) for p in reversed(sizes)]
+    static(torch.zeros(3, dtype=torch.int64), torch.zeros(3, H), torch.zeros(3, H), torch.zeros(3, H))
+    assert wrapper.events[-1] == ("replay", 4)
+    assert static.graph_stats() == {"sizes": sizes, "captured": len(sizes), "replays": 1}
+    eager = TalkerMTP(head, MAX_REQS, H, torch.float32, torch.device("cpu"))
+    assert eager.graph_stats() is None
 
 
 # ------------------------------------------------ V1 and V2: the same hooks
@@ -721,7 +828,7 @@ def test_v2_runner_class_is_the_seam_over_the_drivers_v2_base():
     assert cls.__name__ == "OmniGenerationGPUModelRunner"
     assert v2_runner_class(GPUModelRunner, GENERATION) is cls
     overridden = {n for n in vars(OmniV2RunnerMixin) if not n.startswith("__")}
-    assert overridden == {"load_model", "capture_model", "sample_tokens", "omni_hooks"}  # no execute_model / _dummy_run copy
+    assert overridden == {"load_model", "sample_tokens", "capture_model", "omni_hooks"}  # no execute_model / _dummy_run copy
 
 
 # ------------------------------------------------------------ drift (static)
@@ -746,6 +853,25 @@ def test_v2_symbols_have_no_drift_against_the_installed_vllm_source():
     report = _drift(os.path.dirname(vllm.__file__))
     assert report.checked == report.symbols == 30
     assert not report.drift, [f.to_json() for f in report.drift]
+
+
+@needs_vllm
+def test_v2_symbols_resolve_on_vllm_0_26_through_their_declared_alternatives():
+    """vLLM 0.26 (the oldest of the cuda window, what runs on the H200): ``init_model_state`` asks the model
+    itself (no ``resolve_model_state_cls``) and the embeds seam is ``get_mm_embeddings``."""
+    import glob
+    import os
+
+    wheels = sorted(glob.glob(os.path.expanduser("~/.cache/gpu-stack/0.26.0/vllm-whl/vllm-0.26.0-*.whl")))
+    wheels += sorted(glob.glob(os.path.join(os.environ.get("OMNI_BACKENDS_VLLM026", "/tmp/vllm026"), "vllm-0.26.0-*.whl")))
+    if not wheels:
+        pytest.skip("vLLM 0.26.0 wheel not found (pip download --no-deps vllm==0.26.0 -d /tmp/vllm026)")
+    report = _drift(wheels[0])
+    assert report.checked == report.symbols == 30
+    assert not report.drift, [f.to_json() for f in report.drift]
+    alternatives = sorted(f.message.split(" resolves as ")[1].split(" ")[0] for f in report.findings if f.kind == "alternative")
+    assert alternatives == ["vllm.v1.worker.gpu.model_states.default.DefaultModelState.get_mm_embeddings",
+                            "vllm.v1.worker.gpu.model_states.init_model_state"]
 
 
 @needs_vllm

@@ -30,7 +30,7 @@ FAULTS = ("raise", "oom", "kill")  # kill last: it switches vLLM to multiprocess
 def faulted(demo_dir, tmp_path_factory):
     from tests.core.conftest import _need_vllm
 
-    _need_vllm()
+    _need_vllm("cpu")  # the faults are injected into cpu runs (pipeline_faults.py)
     work = tmp_path_factory.mktemp("faults")
     env = dict(os.environ)
     env.pop("OMNI_BACKENDS_DEVICE", None), env.pop("OMNI_BACKENDS_SELECTION", None)

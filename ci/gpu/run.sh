@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Issue 14 on the lent H200 (vLLM 0.26.0 from ../shared/tools/gpu-stack): one PART per device command.
+#
+#   bash ci/gpu/run.sh PART [PART...]      logs under $OUT/<part>/ (default ./reports)
+#
+# Needs the gpu-stack installed on the machine first (three commands, ci/gpu/README.md). Each PART stays
+# under 9 minutes (its own `timeout`); several PARTs in one command share a 570 s budget (COMMAND_BUDGET):
+# a part gets what is left, one that cannot start is listed in $OUT/not-run.txt for the next command.
+#
+# PARTs:
+#   core-v2-graphs  pytest --device cuda tests/core, variant v2-graphs (vLLM's defaults: V2, compile + CUDA graphs,
+#                   async scheduling, multiprocess): thinker vs stock vLLM, hidden states vs PyTorch, talker+code2wav
+#   core-v1-graphs  the same on V1 (VLLM_USE_V2_MODEL_RUNNER=0)
+#   core-eager      the same, v1-eager and v2-eager
+#   core-rest       the tests without a variant: payload lifecycle, `omni-backends run` twice (same seed ->
+#                   identical out.wav), bad input; then the conformance kit, both tiers
+#   pipeline        `omni-backends run` V2/V1 x graphs/--enforce-eager (+ a repeat): codes graph == eager,
+#                   out.wav bytes equal for the same seed, talker-MTP graph replays, start time + peak memory
+#   bench-v2        decode tok/s omni vs stock vLLM (bf16, graphs, batch 1/8/64, V2) + talker MTP graph vs eager
+#   bench-v1        the decode part on V1
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUT="${OUT:-$ROOT/reports}"
+mkdir -p "$OUT"
+LIMIT="${PART_TIMEOUT:-530}"   # seconds per part at most
+BUDGET="${COMMAND_BUDGET:-570}" # seconds for the whole command (the device allows 600): later parts get what is left
+START=$SECONDS
+left() {  # seconds a part may take now: min(LIMIT, what the command has left)
+  local rest=$(( BUDGET - (SECONDS - START) ))
+  (( rest < LIMIT )) && echo "$rest" || echo "$LIMIT"
+}
+
+if [ ! -f /tmp/gpu-site/env.sh ]; then
+  echo "gpu-stack is not installed on this machine: carry .gpu-stack/p0, p1, p2 first (ci/gpu/README.md)" >&2
+  exit 3
+fi
+. /tmp/gpu-site/env.sh
+bash /tmp/gpu-site/install-project.sh || { echo "installing the project into /tmp/gpu-project failed" >&2; exit 3; }
+export OMNI_BACKENDS_DEVICE=cuda
+unset OMNI_BACKENDS_SELECTION
+
+header() {  # machine, versions, date: the first lines of every log
+  echo "# $1 -- $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+  nvidia-smi -L 2>/dev/null | head -2
+  python3 -c "import torch, vllm; print('torch', torch.__version__, '| vllm', vllm.__version__)" 2>&1 | tail -1
+  python3 -m omni_backends.cli devices 2>&1 | grep -E "^  cuda|would select" | head -3
+  echo "git: $(cat "$ROOT/.git-head" 2>/dev/null || git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo
+}
+
+pytest_part() {  # name, then pytest arguments
+  local name=$1; shift
+  local d="$OUT/$name"; mkdir -p "$d"
+  { header "$name"; echo "+ pytest $*"; } > "$d/log.txt"
+  timeout "$(left)" python3 -m pytest -p no:cacheprovider --device cuda -rs -v --durations=15 \
+      --junitxml="$d/junit.xml" "$@" >> "$d/log.txt" 2>&1
+  local rc=$?
+  echo "rc=$rc" >> "$d/log.txt"
+  tail -25 "$d/log.txt"
+  return $rc
+}
+
+part_core() {  # variant selector
+  pytest_part "core-$1" tests/core -k "$2"
+}
+
+part_core_rest() {
+  pytest_part core-rest tests/core -k "not v1- and not v2-"
+  local rc=$?
+  local d="$OUT/kit"; mkdir -p "$d"
+  { header kit; } > "$d/log.txt"
+  timeout "$(left)" python3 -m pytest -p no:cacheprovider --pyargs omni_backends.testing.suite --device cuda -rs -q \
+      --omni-report "$d/kit-cuda-h200.json" >> "$d/log.txt" 2>&1
+  local krc=$?
+  echo "rc=$krc" >> "$d/log.txt"; tail -8 "$d/log.txt"
+  [ $rc -eq 0 ] && [ $krc -eq 0 ]
+}
+
+part_pipeline() {
+  local d="$OUT/pipeline"; mkdir -p "$d"
+  header pipeline > "$d/log.txt"
+  python3 -m omni_backends.cli demo-model create "$d/demo" >> "$d/log.txt" 2>&1
+  local t0=$SECONDS
+  for spec in "v2-graphs:--runner v2" "v2-graphs-again:--runner v2" "v2-eager:--runner v2 --enforce-eager" \
+              "v1-graphs:--runner v1" "v1-eager:--runner v1 --enforce-eager"; do
+    local name=${spec%%:*} args=${spec#*:}
+    if (( SECONDS - t0 > LIMIT - 90 || $(left) < 90 )); then echo "skipped $name: time limit" | tee -a "$d/log.txt"; continue; fi
+    echo "+ omni-backends run --device cuda $args ($(date -u +%H:%M:%S))" >> "$d/log.txt"
+    # shellcheck disable=SC2086
+    timeout "$(( $(left) < 240 ? $(left) : 240 ))" python3 -m omni_backends.cli run --device cuda --model-dir "$d/demo" --out "$d/$name" --seed 5 \
+        --max-tokens 8 --prompt "Hello omni" --voice 2 --json $args > "$d/$name.json" 2> "$d/$name.stderr"
+    echo "rc=$? ($(( SECONDS - t0 )) s so far)" >> "$d/log.txt"
+    tail -3 "$d/$name.stderr" >> "$d/log.txt"
+  done
+  python3 ci/gpu/compare_pipeline.py "$d" 2>&1 | tee -a "$d/log.txt"
+}
+
+part_bench() {  # v1 | v2
+  local d="$OUT/bench-$1"; mkdir -p "$d"
+  header "bench-$1" > "$d/log.txt"
+  local v2=0; [ "$1" = v2 ] && v2=1
+  VLLM_USE_V2_MODEL_RUNNER=$v2 timeout "$(( $(left) - 60 ))" python3 bench/bench_core_runner.py --device cuda \
+      --dtype bfloat16 --batches 1,8,64 --rounds 5 --max-tokens 64 --reps 21 --iters 1000 --profile --out "$d" \
+      >> "$d/log.txt" 2>&1
+  echo "rc=$?" >> "$d/log.txt"
+  if [ "$1" = v2 ]; then
+    timeout 60 python3 bench/bench_talker_mtp.py --device cuda --batches 1,8,64 --out "$d" >> "$d/log.txt" 2>&1
+    echo "mtp rc=$?" >> "$d/log.txt"
+  fi
+  grep -E "^\|" "$d/log.txt" | head -40
+}
+
+status=0
+for part in "$@"; do
+  if (( $(left) < 120 )); then
+    echo "not started: $part (the command has $(left) s left; run it in the next command)" | tee -a "$OUT/not-run.txt"
+    status=1; continue
+  fi
+  case "$part" in
+    core-v2-graphs) part_core v2-graphs "v2-graphs" ;;
+    core-v1-graphs) part_core v1-graphs "v1-graphs" ;;
+    core-eager) part_core eager "v1-eager or v2-eager" ;;
+    core-rest) part_core_rest ;;
+    pipeline) part_pipeline ;;
+    bench-v2) part_bench v2 ;;
+    bench-v1) part_bench v1 ;;
+    *) echo "unknown part $part (see the header of ci/gpu/run.sh)" >&2; exit 2 ;;
+  esac || status=1
+done
+exit $status

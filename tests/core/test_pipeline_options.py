@@ -1,0 +1,132 @@
+"""The main job's device defaults, per-stage memory sizing and engine choices
+(``core.pipeline``), without starting an engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from core.pipeline import (STAGE_HEADROOM_BYTES, RunConfig, check_engine_choices, device_defaults, engine_kw,
+                           stage_memory_kw)
+from omni_backends.backend import Capabilities
+from omni_backends.errors import BadInputError
+
+GiB = 1 << 30
+
+
+class FakeBackend:
+    """Just what the pipeline reads from a driver: name, device type, capabilities, memory."""
+
+    def __init__(self, name="gpu", device_type="cuda", free=130 * GiB, total=140 * GiB, **caps):
+        self.name, self.device_type, self._mem = name, device_type, (free, total)
+        self._caps = Capabilities(**{"static_graph_modes": ("PIECEWISE", "FULL", "FULL_AND_PIECEWISE"),
+                                     "v1_runner": True, "v2_runner": True, **caps})
+
+    def capabilities(self):
+        return self._caps
+
+    def memory_info(self):
+        return self._mem
+
+
+@pytest.fixture()
+def model_dir(tmp_path):
+    d = tmp_path / "thinker"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "num_attention_heads": 4,
+                                               "num_key_value_heads": 2, "hidden_size": 128, "head_dim": 32}))
+    return str(d)
+
+
+def test_a_gpu_stage_gets_a_kv_cache_sized_for_its_model_not_for_the_card(model_dir):
+    kw = stage_memory_kw(FakeBackend(), model_dir, max_model_len=512, max_num_seqs=8, dtype="float32")
+    per_token = 2 * 2 * 2 * 32 * 4  # K and V, 2 layers, 2 kv heads, head_dim 32, fp32
+    assert kw["kv_cache_memory_bytes"] == max(64 << 20, 2 * per_token * 512 * 8)
+    assert kw["kv_cache_memory_bytes"] % (1 << 20) == 0
+    # vLLM checks utilization x total is free at start: just the KV cache plus the headroom, ~1.5 % of 140 GiB
+    assert 0.014 < kw["gpu_memory_utilization"] < 0.02
+    assert kw["gpu_memory_utilization"] * 140 * GiB >= kw["kv_cache_memory_bytes"] + STAGE_HEADROOM_BYTES
+    # three stages fit on one card with room to spare
+    assert 3 * kw["gpu_memory_utilization"] < 0.1
+
+
+def test_a_long_context_scales_the_kv_cache(model_dir):
+    small = stage_memory_kw(FakeBackend(), model_dir, max_model_len=512, max_num_seqs=8)
+    big = stage_memory_kw(FakeBackend(), model_dir, max_model_len=32768, max_num_seqs=64)
+    assert big["kv_cache_memory_bytes"] == 2 * (2 * 2 * 2 * 32 * 4) * 32768 * 64 > small["kv_cache_memory_bytes"]
+
+
+def test_a_full_device_is_refused_before_the_engine_starts(model_dir):
+    with pytest.raises(BadInputError, match=r"thinker stage needs about 2\.\d\d GiB of gpu device memory but only "
+                                            r"1\.00 GiB of 140\.00 GiB is free; free the device"):
+        stage_memory_kw(FakeBackend(free=1 * GiB), model_dir, max_model_len=512, max_num_seqs=8)
+
+
+def test_device_defaults_eager_in_process_on_cpu_vllm_defaults_elsewhere():
+    cpu = device_defaults(RunConfig(), FakeBackend("cpu", "cpu", static_graph_modes=()))
+    assert (cpu.enforce_eager, cpu.multiprocess) == (True, False)
+    gpu = device_defaults(RunConfig(), FakeBackend())
+    assert (gpu.enforce_eager, gpu.multiprocess) == (False, True)
+    assert "enforce_eager" not in engine_kw(gpu) and "compilation_config" not in engine_kw(gpu)
+    forced = device_defaults(RunConfig(enforce_eager=True, multiprocess=False), FakeBackend())
+    assert (forced.enforce_eager, forced.multiprocess) == (True, False) and engine_kw(forced)["enforce_eager"]
+    graphs = device_defaults(RunConfig(graph_mode="piecewise"), FakeBackend())
+    assert engine_kw(graphs)["compilation_config"] == {"cudagraph_mode": "PIECEWISE"}
+    assert engine_kw(gpu)["dtype"] == "float32"
+
+
+def test_runner_the_driver_cannot_run_names_the_fix():
+    cpu = FakeBackend("cpu", "cpu", static_graph_modes=(), v2_runner=False)
+    with pytest.raises(BadInputError, match=r"--runner asks for vLLM's V2 model runner but the cpu driver cannot run "
+                                            r"it .*use --runner v1 or unset VLLM_USE_V2_MODEL_RUNNER"):
+        check_engine_choices(RunConfig(runner="v2"), cpu, env={})
+    with pytest.raises(BadInputError, match=r"VLLM_USE_V2_MODEL_RUNNER=1 asks for vLLM's V2 model runner"):
+        check_engine_choices(RunConfig(), cpu, env={"VLLM_USE_V2_MODEL_RUNNER": "1"})
+    with pytest.raises(BadInputError, match=r"VLLM_USE_V2_MODEL_RUNNER='maybe' is not 0 or 1"):
+        check_engine_choices(RunConfig(), cpu, env={"VLLM_USE_V2_MODEL_RUNNER": "maybe"})
+    assert check_engine_choices(RunConfig(), cpu, env={"VLLM_USE_V2_MODEL_RUNNER": "0"}) == "v1"
+    assert check_engine_choices(RunConfig(runner="v1"), cpu, env={"VLLM_USE_V2_MODEL_RUNNER": "1"}) == "v1"
+    assert check_engine_choices(RunConfig(), FakeBackend(), env={}) == "auto"
+    assert check_engine_choices(RunConfig(runner="v2"), FakeBackend(), env={}) == "v2"
+    with pytest.raises(BadInputError, match=r"V1 model runner but the npu driver cannot run it"):
+        check_engine_choices(RunConfig(runner="v1"), FakeBackend("npu", "npu", v1_runner=False), env={})
+
+
+def test_graph_mode_the_driver_cannot_capture_names_the_fix():
+    cpu = FakeBackend("cpu", "cpu", static_graph_modes=(), v2_runner=False)
+    with pytest.raises(BadInputError, match=r"--graph-mode FULL is not supported by the cpu driver \(it captures no "
+                                            r"graphs\); drop --graph-mode or use NONE"):
+        check_engine_choices(RunConfig(graph_mode="full"), cpu, env={})
+    check_engine_choices(RunConfig(graph_mode="NONE"), cpu, env={})
+    partial = FakeBackend(static_graph_modes=("PIECEWISE",))
+    with pytest.raises(BadInputError, match=r"FULL_AND_PIECEWISE is not supported by the gpu driver \(it captures "
+                                            r"PIECEWISE\); use one of PIECEWISE or NONE"):
+        check_engine_choices(RunConfig(graph_mode="FULL_AND_PIECEWISE"), partial, env={})
+    with pytest.raises(BadInputError, match=r"--graph-mode must be one of NONE, PIECEWISE"):
+        check_engine_choices(RunConfig(graph_mode="sometimes"), partial, env={})
+    with pytest.raises(BadInputError, match=r"--enforce-eager turns them off"):
+        check_engine_choices(RunConfig(graph_mode="PIECEWISE", enforce_eager=True), partial, env={})
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["--runner", "v2"], "--runner asks for vLLM's V2 model runner but the cpu driver cannot run it"),
+    (["--graph-mode", "FULL"], "--graph-mode FULL is not supported by the cpu driver"),
+])
+def test_cli_refuses_engine_choices_before_any_engine_starts(tmp_path, args, expect):
+    from omni_backends.cpu.driver import CpuBackend
+
+    if not CpuBackend.probe().usable:
+        pytest.skip(f"needs the cpu driver: {CpuBackend.probe().reason}")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMNI_BACKENDS_DEVICE", "OMNI_BACKENDS_SELECTION")}
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "omni_backends.cli", "run", "--device", "cpu", "--out", str(out),
+                        "--model-dir", str(tmp_path / "models"), *args],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2, p.stderr[-2000:]
+    errors = [line for line in p.stderr.splitlines() if line.startswith("omni-backends: error:")]
+    assert len(errors) == 1 and expect in errors[0], p.stderr[-2000:]
+    assert not out.exists() and not (tmp_path / "models").exists(), "nothing may be created before the refusal"
