@@ -214,13 +214,6 @@ class OmniDemoCode2Wav(LlamaForCausalLM):
         self.code_embeds = nn.ModuleList(nn.Embedding(cfg.codebook_size, cfg.hidden_size) for _ in range(cfg.num_codebooks))
         self.wave_head = nn.Linear(cfg.hidden_size, cfg.hop_length, bias=False)
 
-    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs: Any):
-        # always the embeddings path into the compiled decoder: vLLM's dummy runs pass input_ids, real steps
-        # pass the prompt embeddings, and a compiled (no-guard) decoder must see one kind of input
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_input_ids(input_ids)
-        return super().forward(None, positions, intermediate_tensors, inputs_embeds)
-
     @classmethod
     def validate_omni_payload(cls, hf_config: Any, payload: dict, prompt_len: int | None) -> None:
         """Raise ``ValueError`` saying what to fix (see the talker's)."""
@@ -242,7 +235,11 @@ class OmniDemoCode2Wav(LlamaForCausalLM):
         return input_ids, embeds, {}
 
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs: Any):
-        hidden = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
+        # always the embeddings path into the compiled decoder: vLLM's dummy runs pass input_ids, real steps
+        # pass the prompt embeddings, and a compiled (no-guard) decoder must see one kind of input
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_input_ids(input_ids)
+        hidden = super().forward(None, positions, intermediate_tensors, inputs_embeds)
         if not kwargs.get("model_intermediate_buffer"):  # dummy / profile runs
             return hidden
         wave = torch.tanh(self.wave_head(hidden)).float()
