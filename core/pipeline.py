@@ -27,6 +27,7 @@ import wave
 from typing import Any, Callable
 
 from core.kinds import AR, GENERATION
+from omni_backends.binding import VendorSymbol
 from omni_backends.errors import BadInputError
 
 STAGES = ("thinker", "talker", "code2wav")
@@ -491,6 +492,17 @@ def _failure_cause(exc: BaseException, llm: Any) -> str:
     return f"the engine raised {line(root)}"
 
 
+# vLLM seams the fault handling relies on (multiprocess engine client, vLLM 0.26-0.33):
+#: raised by ``SyncMPClient.get_output`` for an error put on its output queue once the engine is dead
+ENGINE_DEAD_ERROR = VendorSymbol("vllm.v1.engine.exceptions", "EngineDeadError", kind="class")
+#: the queue ``SyncMPClient.get_output`` blocks on (``queue.Queue``, no timeout)
+SYNC_MP_OUTPUTS_QUEUE = VendorSymbol("vllm.v1.engine.core_client", "SyncMPClient.outputs_queue", kind="attribute")
+#: the engine-core processes of a multiprocess client (``client.resources.engine_manager.processes``)
+ENGINE_CORE_PROCESSES = VendorSymbol("vllm.v1.engine.utils", "CoreEngineProcManager.processes", kind="attribute")
+#: ``LLM.llm_engine.engine_core.shutdown()``: in-process and multiprocess clients alike
+ENGINE_CORE_SHUTDOWN = VendorSymbol("vllm.v1.engine.core_client", "EngineCoreClient.shutdown", required=())
+
+
 def _watch_engine_process(llm: Any, stop: Any) -> None:
     """Until ``stop`` is set: if an engine-core process of ``llm`` exits, wake the caller.
 
@@ -503,11 +515,9 @@ def _watch_engine_process(llm: Any, stop: Any) -> None:
     while not stop.wait(0.5):
         if _engine_process_fate(llm) is None:
             continue
-        queue = getattr(client, "outputs_queue", None)
+        queue = getattr(client, SYNC_MP_OUTPUTS_QUEUE.attr.rpartition(".")[2], None)
         if queue is not None:
-            from vllm.v1.engine.exceptions import EngineDeadError
-
-            queue.put_nowait(EngineDeadError())
+            queue.put_nowait(ENGINE_DEAD_ERROR.resolve()())
         return
 
 
