@@ -106,7 +106,7 @@ def test_graph_mode_the_driver_cannot_capture_names_the_fix():
     with pytest.raises(BadInputError, match=r"FULL_AND_PIECEWISE is not supported by the gpu driver \(it captures "
                                             r"PIECEWISE\); use one of PIECEWISE or NONE"):
         check_engine_choices(RunConfig(graph_mode="FULL_AND_PIECEWISE"), partial, env={})
-    with pytest.raises(BadInputError, match=r"--graph-mode must be one of NONE, PIECEWISE"):
+    with pytest.raises(BadInputError, match=r"graph_mode \(--graph-mode\) must be one of NONE, PIECEWISE"):
         check_engine_choices(RunConfig(graph_mode="sometimes"), partial, env={})
     with pytest.raises(BadInputError, match=r"needs graphs but enforce_eager \(--enforce-eager\) turns them off"):
         check_engine_choices(RunConfig(graph_mode="PIECEWISE", enforce_eager=True), partial, env={})
