@@ -188,7 +188,7 @@ def device_defaults(cfg: RunConfig, backend: Any) -> RunConfig:
     )
 
 
-def check_engine_choices(cfg: RunConfig, backend: Any, env: Any = None) -> str:
+def check_engine_choices(cfg: RunConfig, backend: Any, env: Any = None, graph_source: str = "--graph-mode") -> str:
     """Refuse, before an engine starts, a model runner or graph mode the driver cannot run.
 
     - runner: ``cfg.runner`` (``v1``/``v2``), else ``VLLM_USE_V2_MODEL_RUNNER``
@@ -222,16 +222,17 @@ def check_engine_choices(cfg: RunConfig, backend: Any, env: Any = None) -> str:
     if cfg.graph_mode is not None:
         mode = cfg.graph_mode.strip().upper()
         if mode not in GRAPH_MODES:
-            raise BadInputError(f"--graph-mode must be one of {', '.join(GRAPH_MODES)}, got {cfg.graph_mode!r}")
+            raise BadInputError(f"{graph_source} must be one of {', '.join(GRAPH_MODES)}, got {cfg.graph_mode!r}")
         supported = tuple(caps.static_graph_modes)
         if mode != "NONE" and mode not in supported:
             raise BadInputError(
-                f"--graph-mode {mode} is not supported by the {backend.name} driver (it captures "
+                f"{graph_source} {mode} is not supported by the {backend.name} driver (it captures "
                 f"{', '.join(supported) if supported else 'no graphs'}); "
-                + (f"use one of {', '.join(supported)} or NONE" if supported else "drop --graph-mode or use NONE")
+                + (f"use one of {', '.join(supported)} or NONE" if supported else f"drop {graph_source} or use NONE")
             )
         if mode != "NONE" and cfg.enforce_eager:
-            raise BadInputError(f"--graph-mode {mode} needs graphs but --enforce-eager turns them off; drop one of them")
+            raise BadInputError(f"{graph_source} {mode} needs graphs but enforce_eager (--enforce-eager) turns them off; "
+                                "drop one of them")
     return runner
 
 
