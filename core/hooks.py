@@ -164,17 +164,18 @@ class OmniHooks:
         empty one and not preprocessed."""
         pre = self._model_preprocess
         for req_id, sampling_params in new_requests:
-            if self.kind == GENERATION and getattr(sampling_params, "max_tokens", 1) != 1:
+            extra = getattr(sampling_params, "extra_args", None) or {}
+            packed = extra.get(EXTRA_ARGS_KEY)
+            # a request without an omni payload is vLLM's own (its warm-up sends real requests:
+            # ``_warmup_0_`` with max_tokens=16, V2's ``_v2_mixed_warmup_*``): nothing to preprocess and no
+            # generation-kind rule to apply. The front end refuses user requests the omni engine would fail on
+            # (``OmniOutputProcessor.add_request``), so none arrives here without a payload.
+            if packed is not None and self.kind == GENERATION and getattr(sampling_params, "max_tokens", 1) != 1:
                 raise ValueError(
                     f"request {req_id}: a generation-kind runner produces its whole output in the prefill forward; "
                     f"submit it with SamplingParams(max_tokens=1), not max_tokens={sampling_params.max_tokens}"
                 )
-            extra = getattr(sampling_params, "extra_args", None) or {}
-            packed = extra.get(EXTRA_ARGS_KEY)
             payload = unpack(packed)
-            # a request without an omni payload is vLLM's own (V2's warm-up sends real requests,
-            # ``_v2_mixed_warmup_*``): nothing to preprocess. The front end refuses user requests whose
-            # payload the model rejects (``validate_omni_payload``), so none arrives here without one.
             if pre is not None and packed is not None:
                 payload.update(pre(payload))
             self.payloads.put(req_id, payload)
