@@ -27,6 +27,7 @@ import wave
 from typing import Any, Callable
 
 from core.kinds import AR, GENERATION
+from omni_backends.binding import VendorSymbol
 from omni_backends.errors import BadInputError
 
 STAGES = ("thinker", "talker", "code2wav")
@@ -187,7 +188,7 @@ def device_defaults(cfg: RunConfig, backend: Any) -> RunConfig:
     )
 
 
-def check_engine_choices(cfg: RunConfig, backend: Any, env: Any = None) -> str:
+def check_engine_choices(cfg: RunConfig, backend: Any, env: Any = None, graph_source: str = "--graph-mode") -> str:
     """Refuse, before an engine starts, a model runner or graph mode the driver cannot run.
 
     - runner: ``cfg.runner`` (``v1``/``v2``), else ``VLLM_USE_V2_MODEL_RUNNER``
@@ -221,16 +222,17 @@ def check_engine_choices(cfg: RunConfig, backend: Any, env: Any = None) -> str:
     if cfg.graph_mode is not None:
         mode = cfg.graph_mode.strip().upper()
         if mode not in GRAPH_MODES:
-            raise BadInputError(f"--graph-mode must be one of {', '.join(GRAPH_MODES)}, got {cfg.graph_mode!r}")
+            raise BadInputError(f"{graph_source} must be one of {', '.join(GRAPH_MODES)}, got {cfg.graph_mode!r}")
         supported = tuple(caps.static_graph_modes)
         if mode != "NONE" and mode not in supported:
             raise BadInputError(
-                f"--graph-mode {mode} is not supported by the {backend.name} driver (it captures "
+                f"{graph_source} {mode} is not supported by the {backend.name} driver (it captures "
                 f"{', '.join(supported) if supported else 'no graphs'}); "
-                + (f"use one of {', '.join(supported)} or NONE" if supported else "drop --graph-mode or use NONE")
+                + (f"use one of {', '.join(supported)} or NONE" if supported else f"drop {graph_source} or use NONE")
             )
         if mode != "NONE" and cfg.enforce_eager:
-            raise BadInputError(f"--graph-mode {mode} needs graphs but --enforce-eager turns them off; drop one of them")
+            raise BadInputError(f"{graph_source} {mode} needs graphs but enforce_eager (--enforce-eager) turns them off; "
+                                "drop one of them")
     return runner
 
 
@@ -491,6 +493,17 @@ def _failure_cause(exc: BaseException, llm: Any) -> str:
     return f"the engine raised {line(root)}"
 
 
+# vLLM seams the fault handling relies on (multiprocess engine client, vLLM 0.26-0.33):
+#: raised by ``SyncMPClient.get_output`` for an error put on its output queue once the engine is dead
+ENGINE_DEAD_ERROR = VendorSymbol("vllm.v1.engine.exceptions", "EngineDeadError", kind="class")
+#: the queue ``SyncMPClient.get_output`` blocks on (``queue.Queue``, no timeout)
+SYNC_MP_OUTPUTS_QUEUE = VendorSymbol("vllm.v1.engine.core_client", "SyncMPClient.outputs_queue", kind="attribute")
+#: the engine-core processes of a multiprocess client (``client.resources.engine_manager.processes``)
+ENGINE_CORE_PROCESSES = VendorSymbol("vllm.v1.engine.utils", "CoreEngineProcManager.processes", kind="attribute")
+#: ``LLM.llm_engine.engine_core.shutdown()``: in-process and multiprocess clients alike
+ENGINE_CORE_SHUTDOWN = VendorSymbol("vllm.v1.engine.core_client", "EngineCoreClient.shutdown", required=())
+
+
 def _watch_engine_process(llm: Any, stop: Any) -> None:
     """Until ``stop`` is set: if an engine-core process of ``llm`` exits, wake the caller.
 
@@ -503,11 +516,9 @@ def _watch_engine_process(llm: Any, stop: Any) -> None:
     while not stop.wait(0.5):
         if _engine_process_fate(llm) is None:
             continue
-        queue = getattr(client, "outputs_queue", None)
+        queue = getattr(client, SYNC_MP_OUTPUTS_QUEUE.attr.rpartition(".")[2], None)
         if queue is not None:
-            from vllm.v1.engine.exceptions import EngineDeadError
-
-            queue.put_nowait(EngineDeadError())
+            queue.put_nowait(ENGINE_DEAD_ERROR.resolve()())
         return
 
 

@@ -97,7 +97,7 @@ V2_STATE_SEAMS = (
     Seam("remove_request", params=("req_id",), required=("req_id",), ours=_MS + "remove_request"),
     Seam("prepare_inputs_embeds", params=("scheduled_encoder_inputs", "input_batch", "req_states"),
          required=("scheduled_encoder_inputs", "input_batch", "req_states"),
-         ours=_MS + "omni_inputs_embeds"),  # bound as prepare_inputs_embeds / get_mm_embeddings (0.26)
+         ours=_MS + "omni_inputs_embeds", alternatives=("get_mm_embeddings",)),  # bound under the name vLLM calls
     Seam("prepare_inputs", params=("input_batch", "req_states"), required=("input_batch", "req_states"),
          ours=_MS + "prepare_inputs"),
     Seam("prepare_dummy_inputs", params=("num_reqs", "num_tokens"), required=("num_reqs", "num_tokens"),

@@ -84,7 +84,10 @@ def make_engine(model: str, *, kind: str = AR, device: str | None = None, **engi
     empty ``model`` or a numeric argument out of range (:func:`check_engine_args`),
     and the registry's errors for the device. A package that raises while being
     imported (e.g. ``torch_npu`` without CANN) is
-    :class:`~omni_backends.errors.VendorImportError` naming it.
+    :class:`~omni_backends.errors.VendorImportError` naming it. A model runner
+    (``VLLM_USE_V2_MODEL_RUNNER``) or a ``compilation_config`` ``cudagraph_mode``
+    the driver cannot run is :class:`~omni_backends.errors.BadInputError` before
+    vLLM starts (``core.pipeline.check_engine_choices``).
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -96,6 +99,13 @@ def make_engine(model: str, *, kind: str = AR, device: str | None = None, **engi
     with blame_import_failures():
         sel = prepare_device(device)
         check_engine_fits(sel, engine_kwargs, os.environ)  # "needs K devices, only M visible" before any worker starts
+        from core.pipeline import RunConfig, check_engine_choices
+
+        cc = engine_kwargs.get("compilation_config")
+        mode = cc.get("cudagraph_mode") if isinstance(cc, dict) else getattr(cc, "cudagraph_mode", None)
+        check_engine_choices(RunConfig(graph_mode=None if mode is None else str(getattr(mode, "name", mode)),
+                                       enforce_eager=bool(engine_kwargs.get("enforce_eager"))), sel.backend,
+                             graph_source="compilation_config cudagraph_mode")
         from vllm import LLM
 
         from core.engine import attach_omni_frontend

@@ -167,6 +167,10 @@ class Seam:
     - ``fallback``: (V2 state seams) where the core does the seam's work when
       the runner never calls it (``"file.py:Qualname"``); a seam the runner
       lacks or never calls is then a note, not drift.
+    - ``alternatives``: the same seam's name in other supported vendor
+      versions (same parameters; e.g. vLLM 0.26's ``get_mm_embeddings`` for
+      0.32+'s ``prepare_inputs_embeds``): the first name the chain defines is
+      checked, and a call of any of them counts.
     """
 
     name: str
@@ -174,6 +178,7 @@ class Seam:
     required: tuple[str, ...] | None = None
     ours: str = ""
     fallback: str = ""
+    alternatives: tuple[str, ...] = ()
     defined_at: str = dataclasses.field(default="", compare=False)
 
     def __post_init__(self) -> None:

@@ -225,7 +225,8 @@ def find_import_failure(exc: BaseException) -> ImportFailure | None:
     ``__context__``), or ``None``.
 
     The culprit is the deepest module-level frame (``<module>``) of the innermost
-    exception that has one, unless it is one of our own packages. Reads
+    exception that has one, if it belongs to an installed distribution that is
+    not ours (a model's remote code or a script is not blamed). Reads
     tracebacks and distribution metadata only; never raises.
     """
     try:
@@ -236,7 +237,8 @@ def find_import_failure(exc: BaseException) -> ImportFailure | None:
                 continue
             culprit = frames[mods[-1]]
             top = _top_level_of(culprit.filename)
-            if top is None or top in _OWN_PACKAGES:
+            dist = distribution_of(top) if top is not None and top not in _OWN_PACKAGES else None
+            if dist is None:  # ours, or not an installed package (a model's remote code, a script): not a vendor's
                 return None
             first = next(i for i, f in enumerate(frames) if _top_level_of(f.filename) == top)
             via, autoload = None, False
@@ -251,7 +253,6 @@ def find_import_failure(exc: BaseException) -> ImportFailure | None:
             if not autoload:  # torch wraps the extension's error: look for its frame in the outer exceptions
                 autoload = any(f.name == "_import_device_backends" and _top_level_of(f.filename) == "torch"
                                for x in _exception_chain(exc) for f in traceback.extract_tb(x.__traceback__))
-            dist = distribution_of(top)
             text = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()[-1]
             return ImportFailure(package=top, path=os.path.dirname(culprit.filename) if culprit.filename.endswith(
                 "__init__.py") else culprit.filename, distribution=dist, version=dist_version(dist) if dist else None,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 from core.seams import CONTRACT as NOW
-from omni_backends.binding import ModelCallCoverage
+from omni_backends.binding import ModelCallCoverage, Seam
 
 #: ``OmniV1RunnerMixin._model_forward`` converted the model output; no other call was seen.
 MODEL_CALLS = ModelCallCoverage(in_methods=("_model_forward",), by="OmniV1RunnerMixin._model_forward",
@@ -29,9 +29,15 @@ MODEL_CALLS = ModelCallCoverage(in_methods=("_model_forward",), by="OmniV1Runner
 ASYNC_OUTPUT = dataclasses.replace(NOW.v1.async_output, recognised_by="get_output", implements=("get_output",),
                                    ours="core/runner.py:OmniV1RunnerMixin.sample_tokens")
 
-#: at 1543e5a the V2 runner mixin had no ``capture_model`` and no fallback for state seams vLLM never calls.
+#: at 1543e5a the V2 runner mixin had no ``capture_model``; the omni state overrode
+#: ``prepare_inputs_embeds`` under that name only (no 0.26 spelling) and also
+#: ``capture_inner_cudagraphs`` / ``get_additional_cg_support`` (since removed: ``ours`` left empty).
 RUNNER_SEAMS = tuple(s for s in NOW.v2.runner_seams if s.name != "capture_model")
-STATE_SEAMS = tuple(dataclasses.replace(s, fallback="") for s in NOW.v2.state_seams)
+STATE_SEAMS = tuple(dataclasses.replace(s, fallback="", alternatives=()) for s in NOW.v2.state_seams) + (
+    Seam("capture_inner_cudagraphs", params=("input_buffers", "block_tables", "attn_groups", "kv_cache_config"),
+         required=("input_buffers", "block_tables", "attn_groups", "kv_cache_config")),
+    Seam("get_additional_cg_support", required=()),
+)
 
 CONTRACT = dataclasses.replace(
     NOW, name="core@1543e5a",

@@ -509,6 +509,32 @@ def test_a_never_called_state_override_with_a_core_fallback_is_a_note(tmp_path):
     assert f.found.endswith("the core falls back to Mixin._preprocess (ours/runner.py:2)")
 
 
+def test_a_state_seam_spelled_by_another_vllm_version(tmp_path):
+    """vLLM 0.26 calls ``get_mm_embeddings`` where 0.32+ calls ``prepare_inputs_embeds``:
+    ``Seam(alternatives=...)`` checks whichever the chain defines and counts its calls."""
+    default = "vllm/v1/worker/gpu/model_states/default.py"
+    tree = _tree(tmp_path, {
+        default: ("    def prepare_attn(self, input_batch):\n",
+                  "    def get_mm_embeddings(self, scheduled_encoder_inputs, input_batch, req_states):\n"
+                  "        return None\n\n    def prepare_attn(self, input_batch):\n"),
+        V2_MOD: ("self.model_state.prepare_attn(None)", "self.model_state.prepare_attn(None)\n"
+                 "        self.model_state.get_mm_embeddings({}, None, None)"),
+    })
+    ours = _write(tmp_path / "ours_root", ROOT_OURS)
+    params = ("scheduled_encoder_inputs", "input_batch", "req_states")
+    contract = _contract(ours)
+    for alternatives, want in (((), "drift"), (("get_mm_embeddings",), "clean")):
+        seam = Seam("prepare_inputs_embeds", params=params, required=params, alternatives=alternatives)
+        c = dataclasses.replace(contract, v2=dataclasses.replace(
+            contract.v2, state_seams=contract.v2.state_seams + (seam,)))
+        facts = check_seams(c, V2_BASE, SourceResolver([SourceTree(str(tree))]))
+        mine = [f for f in facts if f.seam in ("prepare_inputs_embeds", "runner calls model_state.prepare_inputs_embeds")]
+        assert {f.status for f in mine} == {want}, [f.to_json() for f in mine]
+        if want == "clean":
+            assert mine[0].found.startswith("DefaultModelState.get_mm_embeddings(")
+            assert mine[1].vendor == f"{V2_MOD}:{_line(tree, V2_MOD, 'get_mm_embeddings(')}"
+
+
 def test_a_v2_abstract_state_method_nobody_implements(tmp_path):
     ms = "vllm/v1/worker/gpu/model_states/interface.py"
     tree = _tree(tmp_path, {ms: ("    def custom_sampler(self, sampler):\n        return None\n",

@@ -138,6 +138,10 @@ def test_find_import_failure_names_the_package_and_who_imported_it(tmp_path, mon
 
     (tmp_path / "vendor_broken").mkdir()
     (tmp_path / "vendor_broken" / "__init__.py").write_text("raise OSError('libvendor.so: missing')\n")
+    info = tmp_path / "vendor_broken-1.0.dist-info"  # an installed distribution (a loose script is not blamed)
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vendor-broken\nVersion: 1.0\n")
+    (info / "RECORD").write_text("vendor_broken/__init__.py,,\n")
     (tmp_path / "third_party_check.py").write_text(
         "def is_vendor_available():\n    import vendor_broken\n    return True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -155,7 +159,14 @@ def test_find_import_failure_names_the_package_and_who_imported_it(tmp_path, mon
     assert found is not None and found.package == "vendor_broken"
     assert found.via == "is_vendor_available() in third_party_check" and not found.autoload
     assert found.error == "OSError: libvendor.so: missing"
+    assert (found.distribution, found.version) == ("vendor-broken", "1.0")
     assert blamed is not None and "vendor_broken" in str(blamed) and blamed.__cause__ is symptom
+    # a module no installed distribution owns (a script, a model's remote code) is not blamed
+    (tmp_path / "loose_broken.py").write_text("raise OSError('loose')\n")
+    try:
+        import loose_broken  # noqa: F401
+    except OSError as loose:
+        assert find_import_failure(loose) is None
     # an exception no import raised is left alone
     try:
         raise ValueError("plain bad value")

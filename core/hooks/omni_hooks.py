@@ -150,13 +150,16 @@ class OmniHooks:
         packed by :func:`core.payloads.pack`) and its MTP seed
         (``extra_args["tts_local_seed"]``)."""
         for req_id, sampling_params in new_requests:
-            if self.kind == GENERATION and getattr(sampling_params, "max_tokens", 1) != 1:
+            extra = getattr(sampling_params, "extra_args", None) or {}
+            packed = extra.get(EXTRA_ARGS_KEY)
+            # a request without omni state is vLLM's own (its warm-up sends real requests: ``_warmup_0_`` with
+            # max_tokens=16, V2's ``_v2_mixed_warmup_*``), or one whose model reads only its tokens (vLLM-Omni's
+            # code2wav): no preprocess / postprocess, no generation-kind rule (the front end applies that one)
+            if packed is not None and self.kind == GENERATION and getattr(sampling_params, "max_tokens", 1) != 1:
                 raise ValueError(
                     f"request {req_id}: a generation-kind runner produces its whole output in the prefill forward; "
                     f"submit it with SamplingParams(max_tokens=1), not max_tokens={sampling_params.max_tokens}"
                 )
-            extra = getattr(sampling_params, "extra_args", None) or {}
-            packed = extra.get(EXTRA_ARGS_KEY)
             if packed is None:
                 self._foreign.add(req_id)
             self.payloads.put(req_id, unpack(packed))

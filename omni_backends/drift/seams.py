@@ -171,16 +171,18 @@ class _Checker:
     def seam(self, s: Seam, chain: ClassChain | None = None, fact: str = "seam") -> _Method | None:
         chain = chain or self.chain
         ours = _ours(self.contract, s.ours) or _declared(s)
-        m = chain.method(s.name)
+        m = next((x for x in (chain.method(n) for n in (s.name, *s.alternatives)) if x is not None), None)
         expected = f"{s.name}({', '.join(s.params)})" if s.required is not None else f"{s.name}(...) (arguments passed through)"
+        if s.alternatives:
+            expected += f" or its spelling {' / '.join(s.alternatives)}"
         if m is None:
             self.add(fact, s.name, "drift", "missing-seam", expected,
-                     f"no class of {chain.leaf.qualname}'s chain defines {s.name!r}"
+                     f"no class of {chain.leaf.qualname}'s chain defines {' or '.join(repr(n) for n in (s.name, *s.alternatives))}"
                      + (f" (bases outside the sources: {', '.join(chain.external)})" if chain.external else ""),
                      ours, chain.leaf.at())
             return None
         params = _ast_params(m.node, drop_first=True)
-        sym = VendorSymbol(m.owner.idx.module, f"{m.owner.node.name}.{s.name}", params=s.params, required=s.required,
+        sym = VendorSymbol(m.owner.idx.module, f"{m.owner.node.name}.{m.name}", params=s.params, required=s.required,
                            defined_at=s.defined_at or "?:0")
         problems = compare_signature(sym, params)
         found = f"{m.label}({', '.join(p.name + ('' if p.default is None else '=' + p.default) for p in params)})"
@@ -427,7 +429,7 @@ class _Checker:
         for s in v2.state_seams:
             first = len(self.facts)
             self.seam(s, state_chain, fact="model-state")
-            sites = called.get(s.name, [])
+            sites = [site for n in (s.name, *s.alternatives) for site in called.get(n, [])]
             ours = _ours(self.contract, s.ours) or _declared(s)
             if s.name == "__init__":
                 continue
@@ -453,7 +455,7 @@ class _Checker:
             self.add("model-state", v2.state_interface.qualname, "note", "missing-base", "exists", str(exc))
             return
         abstract = _abstract_methods(iface, iface.leaf)
-        overridden = {s.name for s in v2.state_seams}
+        overridden = {n for s in v2.state_seams for n in (s.name, *s.alternatives)}
         for name, at in sorted(abstract.items()):
             impl = state_chain.method(name)
             concrete = impl is not None and impl.owner.node is not iface.leaf.node and not any(

@@ -133,7 +133,7 @@ def test_generation_kind_rejects_max_tokens_other_than_one(backend):
     hooks = OmniHooks(backend, GENERATION)
     hooks.bind_model(object())
     with pytest.raises(ValueError, match=r"request g1: .*SamplingParams\(max_tokens=1\), not max_tokens=16"):
-        hooks.on_new_requests([("g1", sampling(max_tokens=16))])
+        hooks.on_new_requests([("g1", sampling(max_tokens=16, payload={"codes": 1}))])
     assert "g1" not in hooks.payloads
     hooks.on_new_requests([("g2", sampling(max_tokens=1))])
     assert "g2" in hooks.payloads

@@ -384,3 +384,20 @@ def test_talker_mtp_graphs_are_captured_once_whichever_seam_vllm_reaches():
     state.talker_mtp = mtp
     runner.capture_model(profile_only=True)  # vLLM 0.33's memory profiling pass captures nothing
     assert calls == [] and not mtp.captured
+
+
+def test_vllms_warmup_requests_reach_a_generation_kind_runner_unrefused():
+    """vLLM 0.26's warm-up schedules ``_warmup_0_`` with max_tokens=16 through a
+    code2wav (generation-kind) engine: the engine failed to start on the H200."""
+    pytest.importorskip("vllm")
+    from vllm import SamplingParams
+
+    from core.hooks import OmniHooks
+    from core.kinds import GENERATION
+    from core.payloads import EXTRA_ARGS_KEY, pack
+
+    hooks = OmniHooks(types.SimpleNamespace(name="t", device=lambda: torch.device("cpu")), GENERATION)
+    hooks.bind_model(object())
+    hooks.on_new_requests([("_warmup_0_", SamplingParams(max_tokens=16))])
+    with pytest.raises(ValueError, match="max_tokens=1"):  # a user request with a payload is still refused
+        hooks.on_new_requests([("u", SamplingParams(max_tokens=4, extra_args={EXTRA_ARGS_KEY: pack({"codes": 1})}))])

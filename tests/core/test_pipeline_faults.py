@@ -33,7 +33,8 @@ def faulted(demo_dir, tmp_path_factory):
     _need_vllm("cpu")  # the faults are injected into cpu runs (pipeline_faults.py)
     work = tmp_path_factory.mktemp("faults")
     env = dict(os.environ)
-    env.pop("OMNI_BACKENDS_DEVICE", None), env.pop("OMNI_BACKENDS_SELECTION", None)
+    env.pop("OMNI_BACKENDS_SELECTION", None)
+    env["OMNI_BACKENDS_DEVICE"] = "cpu"
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     proc = subprocess.run([sys.executable, os.path.join(HERE, "pipeline_faults.py"), demo_dir, str(work), *FAULTS],

@@ -106,9 +106,9 @@ def test_graph_mode_the_driver_cannot_capture_names_the_fix():
     with pytest.raises(BadInputError, match=r"FULL_AND_PIECEWISE is not supported by the gpu driver \(it captures "
                                             r"PIECEWISE\); use one of PIECEWISE or NONE"):
         check_engine_choices(RunConfig(graph_mode="FULL_AND_PIECEWISE"), partial, env={})
-    with pytest.raises(BadInputError, match=r"--graph-mode must be one of NONE, PIECEWISE"):
+    with pytest.raises(BadInputError, match=r"graph_mode \(--graph-mode\) must be one of NONE, PIECEWISE"):
         check_engine_choices(RunConfig(graph_mode="sometimes"), partial, env={})
-    with pytest.raises(BadInputError, match=r"--enforce-eager turns them off"):
+    with pytest.raises(BadInputError, match=r"needs graphs but enforce_eager \(--enforce-eager\) turns them off"):
         check_engine_choices(RunConfig(graph_mode="PIECEWISE", enforce_eager=True), partial, env={})
 
 
@@ -130,3 +130,38 @@ def test_cli_refuses_engine_choices_before_any_engine_starts(tmp_path, args, exp
     errors = [line for line in p.stderr.splitlines() if line.startswith("omni-backends: error:")]
     assert len(errors) == 1 and expect in errors[0], p.stderr[-2000:]
     assert not out.exists() and not (tmp_path / "models").exists(), "nothing may be created before the refusal"
+
+
+def test_make_engine_refuses_a_runner_or_graph_mode_the_driver_cannot_run_before_vllm_starts(tmp_path):
+    from omni_backends.cpu.driver import CpuBackend
+
+    if not CpuBackend.probe().usable:
+        pytest.skip(f"needs the cpu driver: {CpuBackend.probe().reason}")
+    code = (
+        "import sys\n"
+        "from omni_backends.errors import BadInputError\n"
+        "from core.stage import make_engine\n"
+        "for kw in ({}, {'compilation_config': {'cudagraph_mode': 'FULL'}}):\n"
+        "    try:\n"
+        "        make_engine('/nonexistent-model', device='cpu', **kw)\n"
+        "    except BadInputError as e:\n"
+        "        print('ERR', e)\n"
+        "print('DONE')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OMNI_BACKENDS_DEVICE", "OMNI_BACKENDS_SELECTION")}
+    env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    # the model path does not exist: had vLLM's LLM() been reached, it would raise something else and crash the loop
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    errors = [line for line in p.stdout.splitlines() if line.startswith("ERR")]
+    assert p.returncode == 0 and "DONE" in p.stdout and len(errors) == 2, p.stdout + p.stderr[-2000:]
+    assert all("VLLM_USE_V2_MODEL_RUNNER=1 asks for vLLM's V2 model runner but the cpu driver cannot run it" in e
+               for e in errors)
+    env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode != 0, "with a runner the driver can run, the first call reaches vLLM (no model there)"
+    env.pop("VLLM_USE_V2_MODEL_RUNNER")
+    code_full = code.replace("for kw in ({}, {'compilation_config': {'cudagraph_mode': 'FULL'}}):",
+                             "for kw in ({'compilation_config': {'cudagraph_mode': 'FULL'}},):")
+    p = subprocess.run([sys.executable, "-c", code_full], capture_output=True, text=True, env=env, timeout=120)
+    (err,) = [line for line in p.stdout.splitlines() if line.startswith("ERR")]
+    assert "compilation_config cudagraph_mode FULL is not supported by the cpu driver (it captures no graphs)" in err
