@@ -74,7 +74,7 @@ def config_class() -> type:
     """vLLM-Omni's ``Qwen3TTSConfig`` (``model_type: qwen3_tts``)."""
     from core.models.vllm_omni import load_module
 
-    return load_module(f"{_PKG}.configuration_qwen3_tts").Qwen3TTSConfig
+    return load_module(f"{_PKG}.configuration_qwen3_tts", platform=False).Qwen3TTSConfig
 
 
 def register_config() -> bool:

@@ -216,14 +216,20 @@ def _bare_package() -> types.ModuleType:
     return mod
 
 
-def load_module(name: str, backend: Any = None) -> types.ModuleType:
+def load_module(name: str, backend: Any = None, *, platform: bool = True) -> types.ModuleType:
     """Import ``vllm_omni.<name>`` without running ``vllm_omni/__init__``.
 
     ``backend``: the driver whose :func:`host_omni_platform` vLLM-Omni's code
     sees (default: the process's, ``omni_backends.registry.get_backend()``).
-    Raises :class:`VllmOmniNotInstalled` if the wheel is missing."""
+    ``platform=False`` (a module that never asks vLLM-Omni's platform, e.g. a
+    config class): no driver is selected for it, so loading it from a vLLM
+    plugin does not select (and export) a driver before the worker checks the
+    parent's selection. Raises :class:`VllmOmniNotInstalled` if the wheel is missing."""
     with _lock:
         _bare_package()
+        if not platform:
+            with _torchaudio_for_import():
+                return importlib.import_module(f"{PACKAGE}.{name}")
         platforms = importlib.import_module(f"{PACKAGE}.platforms")
         if platforms._current_omni_platform is None:
             if backend is None:

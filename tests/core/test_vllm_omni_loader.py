@@ -119,3 +119,17 @@ def test_real_vllm_omni_import_is_refused_after_the_fact(monkeypatch: pytest.Mon
     monkeypatch.setitem(sys.modules, "vllm_omni", types.ModuleType("vllm_omni"))
     with pytest.raises(RuntimeError, match="patch.py"):
         vllm_omni.load_module("platforms")
+
+
+def test_the_vllm_plugin_selects_no_driver_in_the_process_it_runs_in() -> None:
+    """``core.models.register`` runs in every vLLM worker before the worker checks
+    the parent's selection (``verify_worker_selection``); registering the
+    qwen3_tts config must not select (and export) a driver there, or a rank on
+    another vendor stack would pass that check (tests/core/test_tp.py)."""
+    code = ("import os\nos.environ.pop('OMNI_BACKENDS_SELECTION', None)\n"
+            "from core.models import register\nregister()\n"
+            "from omni_backends.registry import current\n"
+            "print('SELECTED', current(), 'OMNI_BACKENDS_SELECTION' in os.environ)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "SELECTED None False" in proc.stdout
