@@ -263,7 +263,8 @@ def test_version_gate_passes_then_cann_is_what_is_missing(tmp_path, monkeypatch)
 @pytest.mark.parametrize("device", ["npu", "ascend", "xpu"])
 def test_run_with_unusable_device_fails_before_vllm_is_imported(device):
     """``omni-backends run --device npu|ascend|xpu`` exits with the probe's reason
-    before anything imports vLLM (so no engine can have started)."""
+    before anything imports vLLM (so no engine can have started), with exit status 1
+    (the README's table: this environment cannot do it; 2 is for usage errors)."""
     import subprocess
     import sys
 
@@ -275,7 +276,7 @@ def test_run_with_unusable_device_fails_before_vllm_is_imported(device):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     if "NO-RUN" in out.stdout:
         pytest.skip("the `run` command (core) is not installed")
-    assert "RC 2 VLLM-IMPORTED False" in out.stdout, out.stdout + out.stderr
+    assert "RC 1 VLLM-IMPORTED False" in out.stdout, out.stdout + out.stderr
     shown = "'npu' (given as 'ascend')" if device == "ascend" else f"'{device}'"
     assert f"device {shown} was requested" in out.stderr
     assert "not usable here" in out.stderr
