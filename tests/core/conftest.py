@@ -2,6 +2,13 @@
 
 Engine scenarios run in fresh subprocesses (vLLM engines and the driver
 selection are per process); each scenario runs at most once per session.
+The scenarios of one variant share one process (``engine_scenarios.py suite``:
+stock and omni thinker side by side, talker + code2wav, payloads on the
+default variant), so each engine starts once per variant; the other process
+layout of the omni thinker (multiprocess vs in-process) is a second process.
+Off cpu, every variant the selected tests need starts at the beginning of the
+session, all at once (the engines of different variants start concurrently on
+the one device); on cpu they start when first needed, one after another.
 
 The device is pytest's ``--device`` (default ``cpu``). Tests that take the
 ``variant`` fixture run once per engine variant the device offers:
@@ -22,8 +29,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
+
+from tests.core.precision import ENGINE_PRECISION_ENV
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -99,47 +109,147 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return d
 
 
+#: the scenarios one variant's suite process runs (in this order); ``payloads`` only on the default variant
+SUITE_SCENARIOS = ("stock-thinker", "omni-thinker", "talker-batch")
+VARIANT_SCENARIOS = {"v1-warmup": ("omni-thinker", "talker-batch")}  # cpu's compiled warm-up: no stock engine
+
+
+class _Job:
+    """One scenario process running in the background: ``wait()`` -> its saved dict."""
+
+    def __init__(self, argv: list[str], env: dict, out: str, log: str, timeout: float, what: str):
+        self.out, self.log, self.timeout, self.what = out, log, timeout, what
+        self.t0 = time.monotonic()
+        self._log = open(log, "w")
+        self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.result: dict | None = None
+
+    def wait(self) -> dict:
+        import torch
+
+        if self.result is not None:
+            return self.result
+        try:
+            rc = self.proc.wait(timeout=max(1.0, self.timeout - (time.monotonic() - self.t0)))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            rc = "timeout"
+        self._log.close()
+        with open(self.log, errors="replace") as f:
+            tail = f.read()[-8000:]
+        if rc != 0 or not os.path.exists(self.out):
+            raise AssertionError(f"{self.what} failed (rc={rc}, {time.monotonic() - self.t0:.0f} s); log "
+                                 f"{self.log}:\n{tail}")
+        self.result = torch.load(self.out, weights_only=False)
+        return self.result
+
+
 class ScenarioRunner:
-    """``run_scenario(name, variant=..., multiprocess=..., env=...)`` -> the scenario's saved dict (cached)."""
+    """``run_scenario(name, variant=..., multiprocess=..., env=...)`` -> the scenario's saved dict (cached).
+
+    A scenario of a variant's suite (default process layout, no extra env) is read from that variant's suite
+    process; the omni thinker in the other layout from its own process; anything else runs on its own."""
 
     def __init__(self, demo_dir: str, out_dir: str, device: str):
         self.demo_dir, self.out_dir, self.device = demo_dir, out_dir, device
+        self.log_dir = os.environ.get("OMNI_TEST_LOG_DIR") or out_dir
+        os.makedirs(self.log_dir, exist_ok=True)
         self._cache: dict[tuple, dict] = {}
+        self._jobs: dict[tuple, _Job] = {}
+
+    # -------------------------------------------------------------- processes
+    def _env(self, variant: str, multiprocess: bool, extra: dict | None, scenarios: str = "") -> dict:
+        e = dict(os.environ)
+        e.update(VARIANTS[variant])
+        e.update(ENGINE_PRECISION_ENV)  # what the engines' numerics are (tests/core/precision.py)
+        e.update(extra or {})
+        e["OMNI_TEST_DEVICE"] = self.device
+        e["OMNI_TEST_SCENARIOS"] = scenarios
+        e["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
+        e.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        if self.device != "cpu":  # concurrent variants: one compile cache each (no two writers of one entry)
+            e["VLLM_CACHE_ROOT"] = os.path.join(os.environ.get("VLLM_CACHE_ROOT") or os.path.expanduser(
+                "~/.cache/vllm"), "omni-tests", f"{variant}-{'mp' if multiprocess else 'inproc'}")
+        e.pop("OMNI_BACKENDS_SELECTION", None)
+        e.pop("OMNI_BACKENDS_DEVICE", None)
+        return e
+
+    def _launch(self, key: tuple, scenario: str, variant: str, multiprocess: bool, env: dict | None,
+                scenarios: tuple[str, ...] = (), timeout: float = 600) -> _Job:
+        if key not in self._jobs:
+            tag = f"{scenario}-{variant}-{'mp' if multiprocess else 'inproc'}-{len(self._jobs)}"
+            out = os.path.join(self.out_dir, f"{tag}.pt")
+            self._jobs[key] = _Job(
+                [sys.executable, os.path.join(HERE, "engine_scenarios.py"), scenario, self.demo_dir, out],
+                self._env(variant, multiprocess, env, ",".join(scenarios)), out, os.path.join(self.log_dir, f"{tag}.log"),
+                timeout * max(1, len(scenarios)), f"scenario {scenario}{list(scenarios) or ''} [{self.device} {variant}]")
+        return self._jobs[key]
+
+    def suite_scenarios(self, variant: str) -> tuple[str, ...]:
+        names = VARIANT_SCENARIOS.get(variant, SUITE_SCENARIOS)
+        return names + (("payloads",) if variant == default_variant(self.device) and "payloads" not in names else ())
+
+    def start(self, variant: str) -> None:
+        """Start the variant's suite process and its other-layout thinker (in the background)."""
+        mp = self.device != "cpu"
+        self._launch(("suite", variant), "suite", variant, mp, None, self.suite_scenarios(variant))
+        if "omni-thinker" in self.suite_scenarios(variant) and not variant.endswith("-warmup"):
+            self._launch(("omni-thinker", variant, not mp), "omni-thinker", variant, not mp, None)
 
     def __call__(self, scenario: str, *, variant: str | None = None, multiprocess: bool | None = None,
                  env: dict | None = None, timeout: int = 600) -> dict:
-        import torch
-
         variant = variant or default_variant(self.device)
-        if multiprocess is None:  # cpu: in-process (CI time); elsewhere vLLM's default, the multiprocess engine
-            multiprocess = self.device != "cpu" or scenario.endswith("-mp")
+        default_mp = self.device != "cpu"  # cpu: in-process (CI time); elsewhere vLLM's default, multiprocess
+        if multiprocess is None:
+            multiprocess = default_mp or scenario.endswith("-mp")
         if scenario == "omni-thinker-mp":  # the same scenario; only the engine's process layout differs
             scenario = "omni-thinker"
         key = (scenario, variant, multiprocess, tuple(sorted((env or {}).items())))
         if key in self._cache:
             return self._cache[key]
-        out = os.path.join(self.out_dir, f"{scenario}-{variant}-{'mp' if multiprocess else 'inproc'}-{len(self._cache)}.pt")
-        e = dict(os.environ)
-        e.update(VARIANTS[variant])
-        e.update(env or {})
-        e["OMNI_TEST_DEVICE"] = self.device
-        e["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
-        e.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        e.pop("OMNI_BACKENDS_SELECTION", None)
-        e.pop("OMNI_BACKENDS_DEVICE", None)
-        proc = subprocess.run(
-            [sys.executable, os.path.join(HERE, "engine_scenarios.py"), scenario, self.demo_dir, out],
-            env=e, capture_output=True, text=True, timeout=timeout,
-        )
-        if proc.returncode != 0:
-            raise AssertionError(f"scenario {scenario} [{self.device} {variant}] failed (rc={proc.returncode}):\n"
-                                 f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
-        res = torch.load(out, weights_only=False)
+        if not env and multiprocess == default_mp and scenario in self.suite_scenarios(variant):
+            self.start(variant)
+            part = self._jobs[("suite", variant)].wait().get(scenario)
+            if part is None:
+                raise AssertionError(f"the {variant} suite saved no result for {scenario}")
+            if "error" in part:
+                raise AssertionError(f"scenario {scenario} [{self.device} {variant}] failed:\n{part['error']}")
+            res = part
+        elif not env and scenario == "omni-thinker" and "omni-thinker" in self.suite_scenarios(variant):
+            self.start(variant)
+            res = self._jobs[("omni-thinker", variant, multiprocess)].wait()
+        else:
+            res = self._launch(key, scenario, variant, multiprocess, env, timeout=timeout).wait()
         self._cache[key] = res
         return res
 
 
+def _variants_needed(items: list) -> tuple[set[str], bool]:
+    """Variants the selected engine tests name, and whether one uses the default variant."""
+    named, default = set(), False
+    for item in items:
+        if "run_scenario" not in getattr(item, "fixturenames", ()):
+            continue
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "variant" in params:
+            named.add(params["variant"])
+        else:
+            default = True
+    return named, default
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    config._omni_engine_variants = _variants_needed(items)  # type: ignore[attr-defined]
+
+
 @pytest.fixture(scope="session")
-def run_scenario(demo_dir: str, test_device: str, tmp_path_factory: pytest.TempPathFactory) -> ScenarioRunner:
+def run_scenario(demo_dir: str, test_device: str, tmp_path_factory: pytest.TempPathFactory,
+                 request: pytest.FixtureRequest) -> ScenarioRunner:
     _need_vllm(test_device)
-    return ScenarioRunner(demo_dir, str(tmp_path_factory.mktemp("scenarios")), test_device)
+    runner = ScenarioRunner(demo_dir, str(tmp_path_factory.mktemp("scenarios")), test_device)
+    if test_device != "cpu":  # start every variant the selected tests need now: their engines start concurrently
+        named, default = getattr(request.config, "_omni_engine_variants", (set(), False))
+        for variant in sorted(named | ({default_variant(test_device)} if default else set())):
+            runner.start(variant)
+    return runner

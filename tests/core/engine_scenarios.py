@@ -91,6 +91,48 @@ def sampling_batch():
     return PROMPTS + PROMPTS, params
 
 
+def pause_scheduler(llm) -> None:
+    """vLLM's ``EngineCore.pause_scheduler("keep")``: requests added from now on queue without being scheduled."""
+    client = llm.llm_engine.engine_core
+    if hasattr(client, "call_utility"):  # multiprocess: SyncMPClient
+        client.call_utility("pause_scheduler", "keep", False)
+    else:  # in-process: InprocClient
+        client.engine_core.pause_scheduler("keep", False)
+
+
+def resume_scheduler(llm) -> None:
+    """vLLM's ``EngineCore.resume_scheduler()``: every queued request is schedulable at once."""
+    client = llm.llm_engine.engine_core
+    if hasattr(client, "call_utility"):
+        client.call_utility("resume_scheduler")
+    else:
+        client.engine_core.resume_scheduler()
+
+
+def generate_as_one_batch(llm, prompts, params) -> list:
+    """``llm.generate``, except that every request reaches vLLM's scheduler before its first step.
+
+    ``LLM.generate`` sends requests one by one; a multiprocess engine core starts stepping as soon as the first
+    arrives, so how many requests share the first steps depends on timing (on a GPU, where kernels and cuBLAS
+    algorithms depend on the batch shape, that changes logprobs in the 5th decimal). Here the scheduler is paused
+    (``EngineCore.pause_scheduler("keep")``, requests queue) while all are added, then resumed: stock and omni
+    engines see the same batches step for step, so their outputs compare bit for bit."""
+    eng = llm.llm_engine
+    pause_scheduler(llm)
+    ids = [str(i) for i in range(len(prompts))]
+    try:
+        for rid, prompt, p in zip(ids, prompts, params):
+            eng.add_request(rid, prompt, p)
+    finally:
+        resume_scheduler(llm)
+    done: dict = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out
+    return [done[r] for r in ids]
+
+
 def collect(outputs):
     res = []
     for o in outputs:
@@ -191,7 +233,7 @@ def talker_batch(demo_dir: str) -> dict:
     result_bad = bad_payloads
     again = c2w.generate([{"prompt_token_ids": [0] * codes[0].shape[0]}], [SamplingParams(
         max_tokens=1, detokenize=False, extra_args={EXTRA_ARGS_KEY: pack({"codes": codes[0]})})], use_tqdm=False)
-    return {"requests": TALKER_REQUESTS, "hiddens": hiddens, "codes": codes, "refused": refused,
+    res = {"requests": TALKER_REQUESTS, "hiddens": hiddens, "codes": codes, "refused": refused,
             "talker_workers": talker.collective_rpc("omni_state"), "config": engine_config(talker),
             "waveform_again": again[0].multimodal_outputs["waveform"].reshape(-1), "bad_payloads": result_bad,
             "code_rows": [r.shape[0] for r in rows], "tokens": tokens,
@@ -199,6 +241,8 @@ def talker_batch(demo_dir: str) -> dict:
                                 None) for o in outs],
             "mtp_calls_raw": mtp_calls, "mtp_counts": counts,
             "waveforms": [o.multimodal_outputs["waveform"].reshape(-1) for o in wouts]}
+    shutdown(talker, c2w)
+    return res
 
 
 def payload_lifecycle(talker: str) -> dict:
@@ -229,16 +273,27 @@ def payload_lifecycle(talker: str) -> dict:
                     SamplingParams(max_tokens=1, extra_args={EXTRA_ARGS_KEY: pack({"thinker_hidden": torch.randn(4, 128), "voice": 0})}))
     eng.step()
     after = llm.collective_rpc("omni_state")
+    shutdown(llm)
     return {"ids": ids, "during": during, "after": after}
 
 
-def main(scenario: str, demo_dir: str, out: str) -> None:
-    import torch
+def shutdown(*engines) -> None:
+    """Release each engine (its engine-core process in multiprocess mode) before the next scenario starts."""
+    for llm in engines:
+        llm.llm_engine.engine_core.shutdown()
 
+
+def thinker_batch(llm) -> dict:
+    """The sampling batch (greedy + seeded, four lengths) as one batch; what vLLM resolved; the workers' state."""
+    prompts, params = sampling_batch()
+    return {"outputs": collect(generate_as_one_batch(llm, prompts, params)), "config": engine_config(llm)}
+
+
+def run_one(scenario: str, demo_dir: str) -> dict:
+    """One scenario's result (its engines shut down before it returns)."""
     from core.models.create import stock_thinker_view
 
     thinker = os.path.join(demo_dir, "thinker")
-    result: dict = {"scenario": scenario, "parent_pid": os.getpid()}
     if scenario == "stock-thinker":
         from vllm import LLM
 
@@ -247,26 +302,54 @@ def main(scenario: str, demo_dir: str, out: str) -> None:
         prepare_device(DEVICE)  # the same driver selection and vLLM platform as the omni engines
         stock = stock_thinker_view(thinker, os.path.join(demo_dir, "thinker-stock"))
         llm = LLM(stock, **ENGINE_KW, **memory_kw(stock))
-        prompts, params = sampling_batch()
-        result["outputs"] = collect(llm.generate(prompts, params, use_tqdm=False))
-        result["config"] = engine_config(llm)
-    elif scenario in ("omni-thinker", "omni-thinker-mp"):
+        res = thinker_batch(llm)
+        shutdown(llm)
+        return res
+    if scenario in ("omni-thinker", "omni-thinker-mp"):
         llm = omni_engine(thinker)
-        prompts, params = sampling_batch()
-        result["outputs"] = collect(llm.generate(prompts, params, use_tqdm=False))
-        result["workers"] = llm.collective_rpc("omni_state")
-        result["config"] = engine_config(llm)
-    elif scenario == "omni-thinker-tp2":
+        res = thinker_batch(llm)
+        res["workers"] = llm.collective_rpc("omni_state")
+        shutdown(llm)
+        return res
+    if scenario == "omni-thinker-tp2":
         llm = omni_engine(thinker, tensor_parallel_size=2)
         prompts, params = sampling_batch()
-        result["outputs"] = collect(llm.generate(prompts[:4], params[:4], use_tqdm=False))
-        result["workers"] = llm.collective_rpc("omni_state")
-    elif scenario == "talker-batch":
-        result.update(talker_batch(demo_dir))
-    elif scenario == "payloads":
-        result.update(payload_lifecycle(os.path.join(demo_dir, "talker")))
-    else:
-        raise SystemExit(f"unknown scenario {scenario!r}")
+        res = {"outputs": collect(generate_as_one_batch(llm, prompts[:4], params[:4])),
+               "workers": llm.collective_rpc("omni_state")}
+        shutdown(llm)
+        return res
+    if scenario == "talker-batch":
+        return talker_batch(demo_dir)
+    if scenario == "payloads":
+        return payload_lifecycle(os.path.join(demo_dir, "talker"))
+    raise SystemExit(f"unknown scenario {scenario!r}")
+
+
+def main(scenario: str, demo_dir: str, out: str) -> None:
+    """``SCENARIO`` is one scenario, or ``suite``: the comma-separated ``OMNI_TEST_SCENARIOS`` one after another
+    in this process (engines of one variant shared by every test that reads them, stock and omni side by side);
+    a scenario that raises is saved as ``{"error": traceback}`` and the next one still runs."""
+    import time
+    import traceback
+
+    import torch
+
+    result: dict = {"scenario": scenario, "parent_pid": os.getpid()}
+    if scenario != "suite":
+        result.update(run_one(scenario, demo_dir))
+        torch.save(result, out)
+        return
+    for name in [n for n in os.environ.get("OMNI_TEST_SCENARIOS", "").split(",") if n]:
+        t0 = time.perf_counter()
+        try:
+            part = {"scenario": name, "parent_pid": os.getpid(), **run_one(name, demo_dir)}
+        except BaseException as exc:  # noqa: BLE001 -- reported to the tests that read this scenario
+            part = {"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-6000:]}"}
+        part["seconds"] = round(time.perf_counter() - t0, 1)
+        print(f"scenario {name}: {'FAILED' if 'error' in part else 'ok'} in {part['seconds']} s", flush=True)
+        result[name] = part
+        torch.save(result, out + ".partial")
+        os.replace(out + ".partial", out)
     torch.save(result, out)
 
 

@@ -1,0 +1,167 @@
+"""Where the omni runner and vLLM's stock runner first differ on the same model (diagnosis, not a test).
+
+``python ci/gpu/equivalence.py DEMO_DIR OUT.json [--device cuda]``: the demo thinker (an ``LlamaForCausalLM``
+subclass) under the omni runner and the same weights as plain ``LlamaForCausalLM`` under vLLM's stock runner, both
+in-process, V1, ``enforce_eager``, fp32, the batch of ``tests/core/engine_scenarios.sampling_batch``. Every model
+call is recorded: the scheduler's tokens per request for the step, then the output of the embedding, of each
+decoder layer and of the final norm, and the logits. The report names the first call and module where the two
+differ (bit for bit), and the per-step batches of both engines, so a difference is traced to its cause (a batch
+composition difference, an input path, an extra op) instead of a tolerance.
+
+Then the same two engines in vLLM's multiprocess engine (the default off cpu), twice each: requests sent by
+``LLM.generate`` (one by one; the engine core steps as soon as the first arrives) and by
+``engine_scenarios.generate_as_one_batch`` (scheduler paused while all are added): the largest logprob
+difference stock vs omni for each, which shows whether arrival timing (batch composition) is the cause.
+
+``TRITON_F32_DEFAULT`` / ``VLLM_FLOAT32_MATMUL_PRECISION`` are left as the caller set them: the report prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "core"))
+
+
+def record(llm) -> dict:
+    """Wrap the in-process engine's scheduler and model to record steps and per-module outputs."""
+    import torch
+
+    core = llm.llm_engine.engine_core.engine_core
+    runner = core.model_executor.driver_worker.worker.model_runner
+    model = runner.get_model()
+    rec: dict = {"steps": [], "calls": []}
+    sched = core.scheduler
+    schedule = sched.schedule
+
+    def scheduled(*a, **k):
+        out = schedule(*a, **k)
+        rec["steps"].append(sorted((str(k), int(v)) for k, v in out.num_scheduled_tokens.items()))
+        return out
+
+    sched.schedule = scheduled
+    current: dict = {}
+
+    def hook(name):
+        def fn(_mod, _inp, out):
+            t = out[0] if isinstance(out, tuple) else out
+            if hasattr(t, "text_hidden_states"):
+                t = t.text_hidden_states
+            if isinstance(t, torch.Tensor):
+                current.setdefault("mods", []).append((name, t.detach().float().cpu().clone()))
+        return fn
+
+    inner = getattr(model, "model", None)
+    mods = [("embed", inner.embed_tokens)] + [(f"layer{i}", m) for i, m in enumerate(inner.layers)] + [("norm", inner.norm)]
+    for name, m in mods:
+        m.register_forward_hook(hook(name))
+    compute_logits = model.compute_logits
+
+    def logits(hidden, *a, **k):
+        out = compute_logits(hidden, *a, **k)
+        current["logits"] = out.detach().float().cpu().clone()
+        rec["calls"].append(dict(current))
+        current.clear()
+        return out
+
+    model.compute_logits = logits
+    return rec
+
+
+def compare(a: dict, b: dict) -> dict:
+    """The first model call and module where ``a`` and ``b`` differ, and the steps' batches."""
+    report: dict = {"steps_equal": a["steps"] == b["steps"], "steps_stock": a["steps"][:12], "steps_omni": b["steps"][:12],
+                    "calls": [len(a["calls"]), len(b["calls"])], "first_difference": None}
+    for i, (ca, cb) in enumerate(zip(a["calls"], b["calls"])):
+        for (na, ta), (nb, tb) in zip(ca.get("mods", []) + [("logits", ca["logits"])],
+                                      cb.get("mods", []) + [("logits", cb["logits"])]):
+            if na != nb or ta.shape != tb.shape:
+                report["first_difference"] = {"call": i, "module": [na, nb], "shapes": [list(ta.shape), list(tb.shape)]}
+                return report
+            if not (ta == tb).all():
+                d = (ta - tb).abs()
+                report["first_difference"] = {"call": i, "module": na, "shape": list(ta.shape),
+                                              "max_abs": float(d.max()), "rows_differing": int((d.amax(-1) > 0).sum())}
+                return report
+    return report
+
+
+def max_diff(a: list, b: list) -> float | str:
+    """Largest logprob difference of two ``collect`` results (``"tokens differ"`` if a token differs)."""
+    if [o["token_ids"] for o in a] != [o["token_ids"] for o in b]:
+        return "tokens differ"
+    return max((abs(x - y) for s, o in zip(a, b) for ls, lo in zip(s["logprobs"], o["logprobs"])
+                for (_, x), (_, y) in zip(ls, lo)), default=0.0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("demo_dir")
+    ap.add_argument("out")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--multiprocess", action="store_true", help="also the multiprocess arrival-timing comparison")
+    args = ap.parse_args()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    os.environ["OMNI_TEST_DEVICE"] = args.device
+    os.environ["OMNI_TEST_GRAPHS"] = "eager"
+    import engine_scenarios as es
+    from vllm import LLM
+
+    from core.models.create import create_demo_models, stock_thinker_view
+    from core.stage import prepare_device
+
+    if not os.path.isdir(os.path.join(args.demo_dir, "thinker")):
+        create_demo_models(args.demo_dir)
+    thinker = os.path.join(args.demo_dir, "thinker")
+    prepare_device(args.device)
+    prompts, params = es.sampling_batch()
+    runs = {}
+    for side in ("stock", "omni"):
+        if side == "stock":
+            path = stock_thinker_view(thinker, os.path.join(args.demo_dir, "thinker-stock"))
+            llm = LLM(path, **es.engine_kw(args.device, "eager"), **es.memory_kw(path))
+        else:
+            llm = es.omni_engine(thinker)
+        rec = record(llm)
+        outs = es.collect(llm.generate(prompts, params, use_tqdm=False))
+        rec["max_logprob_diff"] = outs
+        runs[side] = rec
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+    report = compare(runs["stock"], runs["omni"])
+    report.update(device=args.device, inproc_max_logprob_diff=max_diff(runs["stock"]["max_logprob_diff"],
+                                                                       runs["omni"]["max_logprob_diff"]),
+                  env={k: os.environ.get(k) for k in (
+                      "TRITON_F32_DEFAULT", "VLLM_FLOAT32_MATMUL_PRECISION", "VLLM_BATCH_INVARIANT")})
+    if args.multiprocess:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+        mp = {}
+        for side in ("stock", "omni"):
+            if side == "stock":
+                path = os.path.join(args.demo_dir, "thinker-stock")
+                llm = LLM(path, **es.engine_kw(args.device, "eager"), **es.memory_kw(path))
+            else:
+                llm = es.omni_engine(thinker)
+            mp[side] = {"generate": [es.collect(llm.generate(prompts, params, use_tqdm=False)) for _ in range(2)],
+                        "one_batch": [es.collect(es.generate_as_one_batch(llm, prompts, params)) for _ in range(2)],
+                        "config": es.engine_config(llm)}
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+        report["multiprocess"] = {
+            how: [max_diff(mp["stock"][how][i], mp["omni"][how][i]) for i in range(2)] for how in ("generate", "one_batch")}
+        report["multiprocess"]["stock_generate_run_to_run"] = max_diff(*mp["stock"]["generate"])
+        report["multiprocess"]["omni_generate_run_to_run"] = max_diff(*mp["omni"]["generate"])
+        report["multiprocess"]["config"] = mp["omni"]["config"]
+    print(json.dumps(report, indent=1))
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

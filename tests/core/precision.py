@@ -1,0 +1,69 @@
+"""Numerics of the engine tests: the precision settings the tests set, and the tolerances, in one place.
+
+Two kinds of comparison, never mixed:
+
+- **Runner equivalence** (the omni runner vs vLLM's stock runner on the same model class and weights, or one
+  omni engine in two process layouts): the same batches (``engine_scenarios.generate_as_one_batch``) run the
+  same kernels on the same shapes, so tokens, logprobs and hidden states are compared **bit for bit**. No
+  tolerance exists for it: a difference is a runner fault.
+- **Model vs a plain-PyTorch reference** (transformers' ``LlamaForCausalLM`` plus torch ops,
+  ``tests/core/reference.py``): the reference runs on **the same device and dtype** as the engine, with the
+  settings below; kernels differ (vLLM's fused RMSNorm / rotary / attention vs PyTorch's), so the comparison is
+  to :data:`TOLERANCES` of ``(device, dtype)``.
+
+Precision settings (set by the tests, stated here):
+
+- engines (every scenario process and the engine-core processes it starts, :data:`ENGINE_PRECISION_ENV`):
+  ``VLLM_FLOAT32_MATMUL_PRECISION=highest`` (vLLM's default, restated: ``torch.set_float32_matmul_precision``
+  in vLLM's GPU worker, so fp32 GEMMs do not use TF32) and ``TRITON_F32_DEFAULT=ieee``: vLLM's Triton
+  attention (the fp32 attention backend on CUDA; FlashAttention has no fp32) calls ``tl.dot`` without an
+  ``input_precision``, which Triton defaults to **TF32** on NVIDIA GPUs -- a 10-bit mantissa, which put the
+  H200's hidden states 2.8e-3 and the code2wav waveform 5.2e-4 away from an fp32 reference (2026-12-01). With
+  ``ieee`` the attention dots are fp32. On cpu neither variable changes anything.
+- the reference (:func:`reference_settings`): ``torch.backends.cuda.matmul.allow_tf32 = False`` and
+  ``torch.backends.cudnn.allow_tf32 = False`` (PyTorch's default for cuDNN is True; the demo models have no
+  convolution, vLLM-Omni's code2wav has, and its reference must be fp32 too), eval mode, no autocast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+#: environment of every engine process of the tests (see the module docstring)
+ENGINE_PRECISION_ENV = {"VLLM_FLOAT32_MATMUL_PRECISION": "highest", "TRITON_F32_DEFAULT": "ieee"}
+
+#: (device, dtype) -> quantity -> assert_close tolerances, engine vs the plain-PyTorch reference.
+#: fp32, both sides IEEE fp32: the difference is summation order (fused kernels, GEMM tiling) through the demo
+#: models' 2 layers; hidden states (values up to ~4) to 2e-4 absolute, the waveform (tanh, |x| < 1) to 1e-5.
+TOLERANCES: dict[tuple[str, str], dict[str, dict[str, float]]] = {
+    ("cpu", "float32"): {"hidden": {"atol": 2e-4, "rtol": 1e-4}, "waveform": {"atol": 1e-5, "rtol": 1e-5}},
+    ("cuda", "float32"): {"hidden": {"atol": 2e-4, "rtol": 1e-4}, "waveform": {"atol": 1e-5, "rtol": 1e-5}},
+}
+
+
+def tolerance(device: str, dtype: str, quantity: str) -> dict[str, float]:
+    """``{"atol", "rtol"}`` for ``quantity`` (``hidden`` / ``waveform``) on ``device`` in ``dtype``.
+
+    Raises ``KeyError`` naming the missing entry: a device or dtype without measured tolerances has none
+    (never borrowed from another device)."""
+    try:
+        return TOLERANCES[(device, dtype)][quantity]
+    except KeyError:
+        raise KeyError(f"no reference tolerance for {quantity} on ({device!r}, {dtype!r}): add one to "
+                       f"tests/core/precision.py TOLERANCES, from a measured run") from None
+
+
+@contextlib.contextmanager
+def reference_settings(device: str) -> Iterator[Any]:
+    """Run the plain-PyTorch reference on ``device`` with TF32 off (matmul and cuDNN); restores the settings."""
+    import torch
+
+    cuda = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        with torch.no_grad():
+            yield torch.device(device)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = cuda
