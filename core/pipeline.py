@@ -445,6 +445,61 @@ def shutdown_engine(llm: Any) -> None:
               file=sys.stderr)
 
 
+#: seconds to wait for a shut-down engine's processes to exit before killing what is left
+ENGINE_RELEASE_TIMEOUT = 60.0
+
+
+def engine_processes(llm: Any) -> list[Any]:
+    """The engine-core processes of ``llm`` (vLLM's ``multiprocessing`` handles, multiprocess mode; in-process:
+    none) and their descendants (``psutil.Process``), read before shutdown so that a child of a killed engine
+    process is still known."""
+    import psutil
+
+    manager = getattr(getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "resources", None),
+                      "engine_manager", None)
+    out: list[Any] = []
+    for proc in getattr(manager, "processes", None) or ():
+        out.append(proc)
+        try:
+            out += psutil.Process(proc.pid).children(recursive=True)
+        except (psutil.Error, TypeError, ValueError):  # gone already, or never started
+            continue
+    return out
+
+
+def wait_engine_released(procs: list[Any], stage: str, timeout: float | None = None) -> None:
+    """Block until every process in ``procs`` (:func:`engine_processes`) has exited.
+
+    vLLM's ``CoreEngineProcManager.shutdown`` sends SIGTERM, waits 5 s, then SIGKILLs the process tree without
+    waiting for it to die: the killed engine may still hold its device context (and memory) when the caller
+    starts the next engine, which then measures and allocates on a device in flux (the H200 run of 2026-12-01
+    failed one start in three with ``CUBLAS_STATUS_INTERNAL_ERROR`` in ``cublasCreate`` during
+    ``determine_available_memory`` of the engine started right after another). Our own children are joined
+    (``multiprocessing`` reaps them), their descendants polled. After ``timeout`` seconds
+    (:data:`ENGINE_RELEASE_TIMEOUT`) what is left is killed and waited for; a warning names it. Never raises."""
+    import psutil
+
+    if not procs:
+        return
+    deadline = time.monotonic() + (ENGINE_RELEASE_TIMEOUT if timeout is None else timeout)
+    own = [p for p in procs if not isinstance(p, psutil.Process)]
+    others = [p for p in procs if isinstance(p, psutil.Process)]
+    for p in own:
+        p.join(max(0.0, deadline - time.monotonic()))
+    _, alive = psutil.wait_procs(others, timeout=max(0.0, deadline - time.monotonic()))
+    left = [p for p in own if p.is_alive()] + alive
+    if not left:
+        return
+    print(f"omni-backends: warning: stage {stage}: engine processes {[p.pid for p in left]} still running "
+          f"after shutdown; killing them", file=sys.stderr)
+    for p in left:
+        with contextlib.suppress(Exception):
+            p.kill()
+    for p in left:
+        with contextlib.suppress(Exception):
+            p.join(10) if not isinstance(p, psutil.Process) else p.wait(10)
+
+
 def _engine_process_fate(llm: Any) -> str | None:
     """"engine process 123 was killed by signal SIGKILL" if an engine-core process
     of ``llm`` has exited (multiprocess mode), else None."""
@@ -547,12 +602,16 @@ class _Stages:
         return res
 
     def release(self, stage: str) -> None:
+        """Shut the stage's engine down and return only once its engine processes have exited
+        (:func:`wait_engine_released`): the next stage (or the next run) measures a settled device."""
         stop = self.watchdogs.pop(stage, None)
         if stop is not None:
             stop.set()
         llm = self.engines.pop(stage, None)
         if llm is not None:
+            procs = engine_processes(llm)
             shutdown_engine(llm)
+            wait_engine_released(procs, stage)
 
     def release_all(self) -> None:
         for stage in list(self.engines):
