@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14 on the lent H200 (vLLM 0.26.0 from ../shared/tools/gpu-stack): one PART per device command.
+# The lent H200 (vLLM 0.26.0 from ../shared/tools/gpu-stack): one PART per device command.
 #
 #   bash ci/gpu/run.sh PART [PART...]      logs under $OUT/<part>/ (default ./reports)
 #
@@ -8,6 +8,13 @@
 # a part gets what is left, one that cannot start is listed in $OUT/not-run.txt for the next command.
 #
 # PARTs:
+#   matrix          issue 21's GPU verification in one command, three jobs at once: pytest tests/core (every variant
+#                   the driver offers: v1-eager, v1-graphs, v2-eager, v2-graphs; each variant's engines in one
+#                   process, the variants concurrently, tests/core/conftest.py), the conformance kit (both tiers),
+#                   and ci/gpu/equivalence.py (where omni and stock first differ; arrival timing in multiprocess);
+#                   prints the wall time per job
+#   mainjobs        five `omni-backends run --device cuda` back to back (vLLM's defaults), one seed: every exit
+#                   status, wall and engine-start times, and whether every out.wav is byte-identical
 #   core-v2-graphs  pytest --device cuda tests/core, variant v2-graphs (vLLM's defaults: V2, compile + CUDA graphs,
 #                   async scheduling, multiprocess): thinker vs stock vLLM, hidden states vs PyTorch, talker+code2wav
 #   core-v1-graphs  the same on V1 (VLLM_USE_V2_MODEL_RUNNER=0)
@@ -37,6 +44,11 @@ if [ ! -f /tmp/gpu-site/env.sh ]; then
 fi
 . /tmp/gpu-site/env.sh
 bash /tmp/gpu-site/install-project.sh || { echo "installing the project into /tmp/gpu-project failed" >&2; exit 3; }
+# vLLM-Omni's own model classes (tests/core/test_qwen3_tts.py, the loader tests): the wheel carried as .whl/
+if [ ! -d /tmp/omni-site/vllm_omni ] && ls "$ROOT"/.whl/vllm_omni-*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/omni-site "$ROOT"/.whl/vllm_omni-*.whl || echo "vllm-omni wheel did not install" >&2
+fi
+[ -d /tmp/omni-site/vllm_omni ] && export PYTHONPATH="$PYTHONPATH:/tmp/omni-site"
 export OMNI_BACKENDS_DEVICE=cuda
 unset OMNI_BACKENDS_SELECTION
 
@@ -75,6 +87,60 @@ part_core_rest() {
   local krc=$?
   echo "rc=$krc" >> "$d/log.txt"; tail -8 "$d/log.txt"
   [ $rc -eq 0 ] && [ $krc -eq 0 ]
+}
+
+part_matrix() {
+  local d="$OUT/matrix"; mkdir -p "$d/scenarios"
+  header matrix > "$d/log.txt"
+  local budget; budget=$(left)
+  local t0=$SECONDS
+  ( OMNI_TEST_LOG_DIR="$d/scenarios" timeout "$budget" python3 -m pytest -p no:cacheprovider --device cuda -rs -v \
+      --durations=25 --junitxml="$d/core-junit.xml" tests/core > "$d/core.txt" 2>&1; echo "rc=$? wall=$((SECONDS - t0)) s" >> "$d/core.txt" ) &
+  local core=$!
+  ( timeout "$budget" python3 -m pytest -p no:cacheprovider --pyargs omni_backends.testing.suite --device cuda -rs -q \
+      --omni-report "$d/kit-cuda-h200.json" > "$d/kit.txt" 2>&1; echo "rc=$? wall=$((SECONDS - t0)) s" >> "$d/kit.txt" ) &
+  local kit=$!
+  ( timeout "$budget" python3 ci/gpu/equivalence.py "$d/eqdemo" "$d/equivalence.json" --device cuda --multiprocess \
+      > "$d/equivalence.txt" 2>&1; echo "rc=$? wall=$((SECONDS - t0)) s" >> "$d/equivalence.txt" ) &
+  local eq=$!
+  wait $core; wait $kit; wait $eq
+  {
+    echo "| job | result | wall |"; echo "|---|---|---|"
+    for j in core kit equivalence; do
+      echo "| $j | $(grep -E '(passed|failed|error)' "$d/$j.txt" | tail -1 | tr -d '=' | xargs) $(tail -1 "$d/$j.txt" | cut -d' ' -f1) | $(tail -1 "$d/$j.txt" | sed 's/.*wall=//') |"
+    done
+    echo; echo "scenario processes (tests/core):"; grep -h "^scenario " "$d"/scenarios/*.log 2>/dev/null
+  } | tee -a "$d/log.txt"
+  grep -E "^(FAILED|ERROR)|^SKIPPED" "$d/core.txt" | head -40 | tee -a "$d/log.txt"
+  python3 - "$d/equivalence.json" <<'PY' 2>/dev/null | tee -a "$d/log.txt"
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("equivalence:", json.dumps({k: r.get(k) for k in ("first_difference", "inproc_max_logprob_diff", "multiprocess", "env")}))
+PY
+  grep -q "^rc=0" "$d/core.txt" && grep -q "^rc=0" "$d/kit.txt"
+}
+
+part_mainjobs() {
+  local d="$OUT/mainjobs"; mkdir -p "$d"
+  header mainjobs > "$d/log.txt"
+  python3 -m omni_backends.cli demo-model create "$d/demo" >> "$d/log.txt" 2>&1
+  local ok=0
+  for i in 1 2 3 4 5; do
+    if (( $(left) < 100 )); then echo "run $i: not started (time)" | tee -a "$d/log.txt"; continue; fi
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader > "$d/smi-$i.txt" 2>&1
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader >> "$d/smi-$i.txt" 2>&1
+    local t0=$SECONDS
+    timeout "$(( $(left) < 300 ? $(left) : 300 ))" python3 -m omni_backends.cli run --device cuda --model-dir "$d/demo" \
+        --out "$d/run$i" --seed 5 --max-tokens 8 --prompt "Hello omni" --voice 2 --json > "$d/run$i.json" 2> "$d/run$i.stderr"
+    local rc=$?
+    local starts; starts=$(python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['stages']; print(' / '.join(str(round(s[k]['engine_start_seconds'])) for k in ('thinker','talker','code2wav')))" "$d/run$i.json" 2>/dev/null)
+    echo "run $i: rc=$rc wall=$((SECONDS - t0)) s engine starts ${starts:-?} s; device before: $(head -1 "$d/smi-$i.txt") ($(( $(wc -l < "$d/smi-$i.txt") - 1 )) compute processes)" | tee -a "$d/log.txt"
+    [ $rc -eq 0 ] && ok=$((ok + 1))
+    [ $rc -ne 0 ] && tail -5 "$d/run$i.stderr" | tee -a "$d/log.txt"
+  done
+  local sums; sums=$(sha256sum "$d"/run*/out.wav 2>/dev/null | awk '{print $1}' | sort | uniq -c)
+  echo "exit 0: $ok of 5; out.wav sha256 (count digest): $sums" | tee -a "$d/log.txt"
+  [ $ok -eq 5 ] && [ "$(echo "$sums" | wc -l)" -eq 1 ]
 }
 
 part_pipeline() {
@@ -118,6 +184,8 @@ for part in "$@"; do
     status=1; continue
   fi
   case "$part" in
+    matrix) part_matrix ;;
+    mainjobs) part_mainjobs ;;
     core-v2-graphs) part_core v2-graphs "v2-graphs" ;;
     core-v1-graphs) part_core v1-graphs "v1-graphs" ;;
     core-eager) part_core eager "v1-eager or v2-eager" ;;

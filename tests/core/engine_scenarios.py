@@ -279,8 +279,12 @@ def payload_lifecycle(talker: str) -> dict:
 
 def shutdown(*engines) -> None:
     """Release each engine (its engine-core process in multiprocess mode) before the next scenario starts."""
+    from core.pipeline import engine_processes, wait_engine_released
+
     for llm in engines:
+        procs = engine_processes(llm)
         llm.llm_engine.engine_core.shutdown()
+        wait_engine_released(procs, "test")
 
 
 def thinker_batch(llm) -> dict:
