@@ -81,6 +81,8 @@ class OmniV1RunnerMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.omni_hooks = OmniHooks(get_backend(), self.omni_kind)
+        # the driver's sampling rules on the sampler vLLM built (in place: its rejection sampler holds it too)
+        self.sampler = self.omni_hooks.backend.prepare_sampler(self.sampler)
         self._omni_batch: BatchView | None = None
         self._omni_hidden = None
         self._omni_kwargs: dict[str, Any] | None = None

@@ -413,6 +413,17 @@ class Backend(abc.ABC):
         ``sampler(logits=[num_reqs, vocab] float, sampling_metadata=SamplingMetadata)``
         and returning ``SamplerOutput(sampled_token_ids=[num_reqs, 1] int32, ...)``."""
 
+    def prepare_sampler(self, sampler: Any) -> Any:
+        """Give the V1 sampler a model runner built (``GPUModelRunner.sampler``:
+        ``vllm.v1.sample.sampler.Sampler`` / ``AscendSampler``) the driver's
+        sampling rules, in place, and return it; the omni V1 runner calls this
+        once after vLLM's ``__init__``. The rules are the reference sampler's
+        (:mod:`omni_backends.reference_sampler`): a random row whose ``top_k`` /
+        ``top_p`` keep one token returns the greedy token, ties towards the
+        lowest token id (``omni_backends.vllm_upstream.install_one_token_greedy``
+        adds this to vLLM's ``TopKTopPSampler``). Default: ``sampler`` unchanged."""
+        return sampler
+
     # ------------------------------------------------------------ buffers
     @abc.abstractmethod
     def make_buffer(self, *size: int, dtype: "torch.dtype", numpy: bool = True) -> Any:

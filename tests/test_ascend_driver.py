@@ -171,9 +171,15 @@ def test_after_full_graph_replay_updates_frozen_params(npu, monkeypatch, fake_cu
 
 # -------------------------------------------------------------- sampler, bases
 def test_sampler_and_bases_resolve_vendor_classes(npu, monkeypatch):
-    rec = vs.Recorder(vs.AscendSampler, returns=lambda a: ("sampler", a["logprobs_mode"]))
+    topk = types.SimpleNamespace(set_q_event=lambda q, e: ("q", q, e))  # AscendTopKTopPSampler's own method
+    rec = vs.Recorder(vs.AscendSampler, returns=lambda a: types.SimpleNamespace(mode=a["logprobs_mode"],
+                                                                                 topk_topp_sampler=topk))
     vs.install_module(monkeypatch, "vllm_ascend.sample.sampler", AscendSampler=rec)
-    assert npu.make_sampler("processed_logprobs") == ("sampler", "processed_logprobs")
+    sampler = npu.make_sampler("processed_logprobs")
+    assert sampler.mode == "processed_logprobs"
+    # the one-token rule wraps AscendSampler.topk_topp_sampler; the vendor's methods still reach it
+    assert sampler.topk_topp_sampler.inner is topk and sampler.topk_topp_sampler.set_q_event(1, 2) == ("q", 1, 2)
+    assert npu.prepare_sampler(sampler) is sampler and sampler.topk_topp_sampler.inner is topk
     v1, v2, worker = type("V1", (), {}), type("V2", (), {}), type("W", (), {})
     vs.install_module(monkeypatch, "vllm_ascend.worker.model_runner_v1", NPUModelRunner=v1)
     vs.install_module(monkeypatch, "vllm_ascend.worker.v2.model_runner", NPUModelRunner=v2)

@@ -106,7 +106,8 @@ def test_example_driver_passes_the_device_tier(kit_runs):
 @pytest.mark.parametrize(
     "variant, detail",
     [("missing", "abstract method(s) to_host"), ("graph", "left the captured output stale"),
-     ("copy", "an in-flight source was reused"), ("sampler", "on tied logits"), ("version", "version(s) [99]")],
+     ("copy", "an in-flight source was reused"), ("sampler", "on tied logits"), ("ties", "on tied maxima"),
+     ("version", "version(s) [99]")],
 )
 def test_broken_variant_fails_naming_the_contract(kit_runs, broken_module, variant, detail):
     name = f"simdev-broken-{variant}"

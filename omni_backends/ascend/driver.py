@@ -44,7 +44,7 @@ from omni_backends.binding import VendorSymbol
 from omni_backends.errors import OmniBackendError
 from omni_backends.probing import device_nodes, find_shared_library, install_hint, version_mismatches, versions_of
 from omni_backends.torch_device import TorchAcceleratorOps
-from omni_backends.vllm_upstream import CPU_GPU_BUFFER, CUDAGRAPH_MODE, VllmUpstreamBindings
+from omni_backends.vllm_upstream import CPU_GPU_BUFFER, CUDAGRAPH_MODE, VllmUpstreamBindings, install_one_token_greedy
 
 # ------------------------------------------------------------ vendor symbols
 # Checked against vllm-ascend 0.23.0.post1 and torch-npu 2.10.0.post4 (docs/drift.md).
@@ -90,6 +90,11 @@ ACL_GRAPH_CAPTURE = VendorSymbol(
 )
 ASCEND_SAMPLER = VendorSymbol(
     "vllm_ascend.sample.sampler", "AscendSampler", params=("logprobs_mode",), required=(), dist="vllm-ascend", kind="class"
+)
+# AscendSampler keeps vLLM's Sampler.sample and replaces its top-k/top-p module with AscendTopKTopPSampler;
+# the one-token rule (omni_backends.vllm_upstream.install_one_token_greedy) wraps that attribute.
+ASCEND_SAMPLER_TOPK = VendorSymbol(
+    "vllm_ascend.sample.sampler", "AscendSampler.topk_topp_sampler", dist="vllm-ascend", kind="attribute"
 )
 NPU_PIN_MEMORY = VendorSymbol(
     "vllm_ascend.platform", "NPUPlatform.is_pin_memory_available", required=(), dist="vllm-ascend"
@@ -388,8 +393,16 @@ class AscendBackend(TorchAcceleratorOps, Backend):
 
     # ---------------------------------------------------------------- sampler
     def make_sampler(self, logprobs_mode: str = "raw_logprobs") -> Any:
-        """``vllm_ascend.sample.sampler.AscendSampler(logprobs_mode=...)``."""
-        return ASCEND_SAMPLER.resolve()(logprobs_mode=logprobs_mode)
+        """``vllm_ascend.sample.sampler.AscendSampler(logprobs_mode=...)`` with the
+        one-token rule installed (:meth:`prepare_sampler`)."""
+        return self.prepare_sampler(ASCEND_SAMPLER.resolve()(logprobs_mode=logprobs_mode))
+
+    def prepare_sampler(self, sampler: Any) -> Any:
+        """``sampler`` (the ``AscendSampler`` the NPU runner built) with its
+        ``topk_topp_sampler`` wrapped in place by
+        :func:`omni_backends.vllm_upstream.install_one_token_greedy`: a row whose
+        top-k / top-p keep one token returns the greedy token, lowest id on ties."""
+        return install_one_token_greedy(sampler, attr=ASCEND_SAMPLER_TOPK.attr_name)
 
     # ---------------------------------------------------------------- buffers
     def make_buffer(self, *size: int, dtype: Any, numpy: bool = True) -> Any:

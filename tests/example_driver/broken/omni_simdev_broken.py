@@ -76,6 +76,21 @@ class TieBreakingSampler(SimDevBackend):
         return LastTieSampler(logprobs_mode=logprobs_mode)
 
 
+class TopKTiesSampler(SimDevBackend):
+    """sampler leaves ``top_k=1`` random on tied maxima: vLLM's own ``Sampler`` without the
+    one-token rule (greedy ties are right, so only the one-token checks fail)."""
+
+    name = "simdev-broken-ties"
+
+    def make_sampler(self, logprobs_mode: str = "raw_logprobs") -> Any:
+        from vllm.v1.sample.sampler import Sampler
+
+        return Sampler(logprobs_mode=logprobs_mode)
+
+    def prepare_sampler(self, sampler: Any) -> Any:
+        return sampler
+
+
 #: driver name -> (class path, the contract the kit must name, a test that must fail)
 VARIANTS = {
     "simdev-broken-missing": ("omni_simdev_broken:MissingMethod", "interface-completeness",
@@ -86,6 +101,8 @@ VARIANTS = {
                            "test_buffers.py::test_source_may_be_rewritten_right_after_copy"),
     "simdev-broken-sampler": ("omni_simdev_broken:TieBreakingSampler", "sampler-equivalence",
                               "test_sampler.py::test_greedy_ties"),
+    "simdev-broken-ties": ("omni_simdev_broken:TopKTiesSampler", "sampler-equivalence",
+                           "test_sampler.py::test_one_token_edges_on_ties_are_greedy"),
 }
 
 
