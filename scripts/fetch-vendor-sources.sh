@@ -8,8 +8,9 @@
 #   CACHE_DIR defaults to $OMNI_BACKENDS_VENDOR_DIR or ~/.cache/omni-backends/vendor-sources.
 # Writes CACHE_DIR/env.sh; source it to point the tests at the files:
 #   OMNI_BACKENDS_VENDOR_DIR, OMNI_BACKENDS_REQUIRE_VENDOR_SOURCES=1 (a missing
-#   source then fails the test instead of skipping it), OMNI_VLLM033_SRC and
-#   OMNI_BACKENDS_VLLM033 (tests/test_cuda_static.py, tests/core/test_model_state.py).
+#   source then fails the test instead of skipping it), OMNI_VLLM033_SRC / OMNI_VLLM026_SRC and
+#   OMNI_BACKENDS_VLLM033 / OMNI_BACKENDS_VLLM026 (tests/test_cuda_static.py, tests/core/test_model_state.py).
+# scripts/test.sh (the README's test command, which .ci/run runs) calls this and sources env.sh.
 # Exit status 1, naming the package, when a download fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,10 +59,13 @@ fetch vllm-ascend==0.23.0.post1 vllm-ascend-0.23.0.post1 "vllm_ascend-0.23.0.pos
 fetch torch-npu==2.10.0.post4 torch-npu-2.10.0.post4 "torch_npu-2.10.0.post4-*.whl"
 
 vllm033="$(compgen -G "$cache/vllm-0.33.0/vllm-0.33.0-*.whl" | head -1)"
+vllm026="$(compgen -G "$cache/vllm-0.26.0/vllm-0.26.0-*.whl" | head -1)"
 cat > "$cache/env.sh" <<EOF
 export OMNI_BACKENDS_VENDOR_DIR="$cache"
 export OMNI_BACKENDS_REQUIRE_VENDOR_SOURCES=1
 export OMNI_VLLM033_SRC="$vllm033"
 export OMNI_BACKENDS_VLLM033="$cache/vllm-0.33.0"
+export OMNI_VLLM026_SRC="$vllm026"
+export OMNI_BACKENDS_VLLM026="$cache/vllm-0.26.0"
 EOF
 echo "wrote $cache/env.sh"
