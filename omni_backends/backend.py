@@ -215,6 +215,10 @@ class Backend(abc.ABC):
     priority: ClassVar[int]
     #: distribution name -> PEP 440 specifier the driver needs.
     vendor_requirements: ClassVar[dict[str, str]] = {}
+    #: top-level vendor modules of this driver's stack -> how to repair their runtime when importing them
+    #: raises (e.g. ``torch_npu`` -> "install CANN ..."). When another driver runs, such a module that
+    #: raises on import is hidden from that process (:func:`omni_backends.probing.hide_broken_vendor_packages`).
+    vendor_modules: ClassVar[dict[str, str]] = {}
     #: Backend interface versions implemented (see :data:`INTERFACE_VERSION`).
     interface_versions: ClassVar[tuple[int, ...]] = (INTERFACE_VERSION,)
     #: how this project verifies the driver (strongest first).

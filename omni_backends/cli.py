@@ -166,8 +166,15 @@ def render_devices_text(report: dict[str, Any]) -> str:
                 lines += _wrapped("error", probe["error"].strip().splitlines()[-1])
         for failure in d.get("vendor_import_errors") or ():
             how = " (via torch's backend autoload)" if failure.get("autoload") else ""
-            where = f", {failure['distribution']} {failure.get('version')}" if failure.get("distribution") else ""
-            lines += _wrapped("vendor error", f"importing {failure.get('package')}{where}{how}: {failure.get('error')}")
+            where = (f"{failure['distribution']} {failure.get('version')}" if failure.get("distribution")
+                     else f"{failure.get('path') or '?'}, no distribution metadata")
+            lines += _wrapped("vendor error", f"{failure.get('package')} ({where}){how}: importable: no — "
+                                              f"{failure.get('error')}")
+            if failure.get("repair"):
+                drop = (f"pip uninstall {failure['distribution']}" if failure.get("distribution")
+                        else f"remove it from sys.path")
+                lines += _wrapped("vendor fix", f"{failure['repair']}; or, if this machine does not use it, {drop}")
+        if d.get("vendor_import_errors"):
             lines += _wrapped("versions", _fmt_versions(probe.get("versions", {})))
         ident = d.get("identity")
         if ident:

@@ -533,7 +533,8 @@ def _decide(
         if not probe.usable:
             from omni_backends.probing import describe_import_failure, vendor_import_failures
 
-            broken = vendor_import_failures({name: entries[name].cls.vendor_requirements}).get(name, [])
+            cls = entries[name].cls
+            broken = vendor_import_failures({name: cls.vendor_requirements}, {name: cls.vendor_modules}).get(name, [])
             raise DeviceNotUsableError(
                 f"device {shown} was requested ({rule}) but is not usable here: {probe.reason.rstrip('.')}."
                 + (f" To fix: {probe.fix}." if probe.fix else "")
@@ -609,10 +610,16 @@ def select(device: str | None = None, *, export: bool = True, flag_name: str = "
     later calls (from any thread) return the same :class:`Selection`, whose
     ``backend`` is the one driver instance. A later call that names a
     *different* driver raises :class:`OmniBackendError`; so does a call made
-    from inside a selection (a driver's probe or constructor). With ``export``
+    from inside a selection (a driver's probe or constructor). Before the
+    driver is constructed, the vendor packages of the *other* drivers that raise
+    on import (``torch_npu`` without CANN) are hidden from this process, so no
+    third-party availability check (transformers, accelerate, vLLM) imports them
+    on the way (:func:`omni_backends.probing.hide_broken_vendor_packages`; a
+    note and a warning say which). With ``export``
     the choice is written to ``OMNI_BACKENDS_DEVICE`` /
-    ``OMNI_BACKENDS_SELECTION`` and the driver's vLLM platform variables, so
-    vLLM worker processes resolve the same driver.
+    ``OMNI_BACKENDS_SELECTION`` / ``OMNI_BACKENDS_HIDDEN_VENDORS`` and the
+    driver's vLLM platform variables, so vLLM worker processes resolve the same
+    driver and hide the same packages. Raises what :func:`decide` raises.
     """
     global _selected
     if getattr(_selecting, "active", False):
@@ -634,8 +641,10 @@ def select(device: str | None = None, *, export: bool = True, flag_name: str = "
                     )
             return _selected
         with _selection_in_progress():
-            sel = decide(device, flag_name=flag_name)
+            entries, notes = discover()
+            sel = _decide(entries, _candidates(entries), notes, device, os.environ, flag_name)
             assert sel.driver_cls is not None
+            _hide_broken_vendors(entries, sel)
             sel.backend = _instantiate(sel.name, sel.driver_cls)
         if export:
             export_selection(sel)
@@ -643,17 +652,88 @@ def select(device: str | None = None, *, export: bool = True, flag_name: str = "
         return sel
 
 
+def vendor_modules_of(entries: dict[str, DriverEntry], exclude: str | None = None) -> dict[str, str | None]:
+    """``{top-level vendor module: repair hint or None}`` of every loaded driver but ``exclude``:
+    its ``vendor_modules``, the modules of its installed vendor distributions (not the
+    base stacks), then :data:`~omni_backends.probing.KNOWN_VENDOR_MODULES` no driver
+    claims. The ``exclude`` driver's own modules are left out. Metadata only."""
+    from omni_backends.probing import BASE_DISTRIBUTIONS, KNOWN_VENDOR_MODULES, dist_version, top_level_modules
+
+    def own(cls: type[Backend]) -> dict[str, str | None]:
+        mods: dict[str, str | None] = dict(cls.vendor_modules)
+        for dist in cls.vendor_requirements:
+            if dist not in BASE_DISTRIBUTIONS and dist_version(dist) is not None:
+                for m in top_level_modules(dist):
+                    mods.setdefault(m, None)
+        return mods
+
+    out: dict[str, str | None] = {}
+    keep_out: set[str] = set()
+    for name, entry in sorted(entries.items()):
+        if entry.cls is None:
+            continue
+        if name == exclude:
+            keep_out |= set(own(entry.cls))
+            continue
+        for m, hint in own(entry.cls).items():
+            if out.get(m) is None:
+                out[m] = hint
+    for m in KNOWN_VENDOR_MODULES:
+        out.setdefault(m, None)
+    return {m: h for m, h in out.items() if m not in keep_out}
+
+
+def _hide_broken_vendors(entries: dict[str, DriverEntry], sel: Selection) -> None:
+    """Hide from this process the vendor packages of the drivers not selected that raise
+    on import (:func:`omni_backends.probing.hide_broken_vendor_packages`), so that no
+    third-party availability check imports them; a worker process applies its parent's
+    record (``OMNI_BACKENDS_HIDDEN_VENDORS``) instead of checking again. Each hidden
+    package is a note on the selection and one warning."""
+    from omni_backends.probing import (
+        ENV_HIDDEN,
+        apply_hidden_vendor_packages,
+        describe_import_failure,
+        hide_broken_vendor_packages,
+    )
+
+    if ENV_HIDDEN in os.environ:
+        hidden = apply_hidden_vendor_packages()
+    else:
+        hidden = hide_broken_vendor_packages(vendor_modules_of(entries, exclude=sel.name))
+        for module, failure in hidden.items():
+            if failure.get("package", module) != module:
+                continue  # said once, for the package that raised
+            note = (f"{module} is hidden from this process (third-party availability checks such as transformers' "
+                    f"is_torch_npu_available() see it as not installed) so that the {sel.name} driver runs: "
+                    f"{describe_import_failure(failure)}")
+            log.warning("omni-backends: warning: %s", note)
+    for module, failure in hidden.items():
+        sel.notes.append(f"{module} hidden from this process: importable: no — {failure.get('error')}")
+
+
 def export_selection(sel: Selection, env: dict[str, str] | None = None) -> dict[str, str]:
     """Write the selection into ``env`` (default ``os.environ``) for child processes.
 
     Sets ``OMNI_BACKENDS_DEVICE``, ``OMNI_BACKENDS_SELECTION`` (name, versions,
-    fingerprint) and the driver's ``vllm_platform_env()``. Returns what was set.
+    fingerprint), ``OMNI_BACKENDS_HIDDEN_VENDORS`` (the vendor packages this process
+    hid because they raise on import, so workers hide them too; when there are
+    any, ``omni_backends/hide_site`` goes first on ``PYTHONPATH``: its
+    ``sitecustomize`` hides them in fresh interpreters that do not import
+    omni_backends first) and the driver's ``vllm_platform_env()``. Returns what
+    was set.
     """
+    from omni_backends.probing import ENV_HIDDEN, hidden_vendor_packages
+
     env = os.environ if env is None else env
     values = {
         ENV_DEVICE: sel.name,
         ENV_SELECTION: json.dumps({"name": sel.name, "versions": sel.versions, "fingerprint": sel.fingerprint}),
+        ENV_HIDDEN: json.dumps(hidden_vendor_packages()),
     }
+    if hidden_vendor_packages():  # fresh interpreters vLLM starts itself hide them at start-up too
+        shim = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hide_site")
+        path = [p for p in (env.get("PYTHONPATH") or "").split(os.pathsep) if p and p != shim]
+        values["PYTHONPATH"] = os.pathsep.join([shim, *path])
     if sel.backend is not None:
         values.update(sel.backend.vllm_platform_env())
     env.update(values)
@@ -732,16 +812,28 @@ def devices_report(device: str | None = None, *, env: Mapping[str, str] | None =
     the candidates (they are ``drivers``), or ``{"selected": None, "error": ...}``.
     Never binds a driver and imports no vendor stack.
     """
-    from omni_backends.probing import describe_import_failure, vendor_import_failures
+    from omni_backends.probing import KNOWN_VENDOR_MODULES, describe_import_failure, vendor_import_failures
 
     entries, notes = discover()
     candidates = _candidates(entries)
-    # the vendor's own error for installed vendor packages of drivers that are not usable (a subprocess,
-    # only when there are such packages): a broken torch_npu is shown as what it is
-    broken = vendor_import_failures({c.name: entries[c.name].cls.vendor_requirements for c in candidates
-                                     if c.probe is not None and not c.probe.usable and entries[c.name].cls is not None})
+    # the vendor's own error for the vendor packages (installed, or findable on sys.path) of drivers that are
+    # not usable, and for known accelerator extensions no driver claims (one subprocess, only when there are
+    # such packages): a broken torch_npu is shown as what it is
+    unusable = [c.name for c in candidates if c.probe is not None and not c.probe.usable and entries[c.name].cls]
+    claimed = {m for e in entries.values() if e.cls is not None for m in e.cls.vendor_modules}
+    other = "(no driver)"
+    broken = vendor_import_failures(
+        {**{n: entries[n].cls.vendor_requirements for n in unusable}, other: ()},
+        {**{n: entries[n].cls.vendor_modules for n in unusable},
+         other: {m: None for m in KNOWN_VENDOR_MODULES if m not in claimed}})
+    unclaimed = broken.pop(other, [])
     for failure in {b.get("package"): b for fails in broken.values() for b in fails if b.get("autoload")}.values():
         notes = [*notes, f"`import torch` fails for every driver: {describe_import_failure(failure)}"]
+    for failure in {b.get("package"): b for fails in [*broken.values(), unclaimed] for b in fails
+                    if not b.get("autoload") and not b.get("check_failed")}.values():
+        notes = [*notes, f"{failure.get('package')} raises when imported ({failure.get('error')}): a run on another "
+                         f"device hides it from that process, so third-party availability checks (transformers, "
+                         f"accelerate, vLLM) see it as not installed"]
     out: dict[str, Any] = {"interface_version": INTERFACE_VERSION, "notes": notes, "drivers": []}
     for c in candidates:
         d = c.to_json()

@@ -6,7 +6,11 @@ vendor package whose import raises, stale ``.egg-info`` next to a fresh
 subprocesses, the way a user meets it:
 
 1. a broken accelerator stack (``torch_npu`` without CANN) is named as the
-   cause, never put down to something else (an unreadable weight file);
+   cause, never put down to something else (an unreadable weight file); where
+   torch itself still imports, it never stops a run on another device: it is
+   hidden from that process, third-party availability checks see it as not
+   installed, and ``devices`` / ``--device npu`` show the vendor's own error
+   (issue 22);
 2. packaging metadata in the wild: the installed driver is found or one error
    names every conflicting record; an entry-point name that differs from its
    class's name is refused with both;
@@ -48,14 +52,17 @@ def _one_error(proc) -> str:
 
 # ------------------------------------------------------------------ 1. broken vendor stack
 def vendor_site(root: Path, *, autoload: bool, package: str = "torch_npu", dist: str = "torch-npu",
-                version: str = "2.10.0.post4", error: str = HCCL_ERROR) -> Path:
+                version: str = "2.10.0.post4", error: str = HCCL_ERROR, bare: bool = False) -> Path:
     """A site holding an installed vendor package (real dist-info with RECORD) whose import
     raises ``OSError(error)``; with ``autoload`` it also registers a ``torch.backends``
-    entry point, as torch_npu does, so that ``import torch`` imports it."""
+    entry point, as torch_npu does, so that ``import torch`` imports it. With ``bare``
+    the package directory has no metadata at all (merely importable from ``sys.path``)."""
     site = root / "vendor-site"
     (site / package).mkdir(parents=True)
     (site / package / "__init__.py").write_text(
         f"def _load_runtime():\n    raise OSError({error!r})\n\n\n_load_runtime()\n\n\ndef _autoload():\n    pass\n")
+    if bare:
+        return site
     info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
@@ -74,12 +81,13 @@ def demo(tmp_path_factory) -> str:
     return d
 
 
-@pytest.mark.parametrize("autoload", [True, False], ids=["torch-autoload", "transformers-check"])
+@pytest.mark.parametrize("autoload", [True], ids=["torch-autoload"])
 def test_broken_vendor_package_is_named_as_the_cause_of_a_failed_run(tmp_path, demo, autoload):
     """torch_npu without CANN, reached through torch's backend autoload (``import torch``
-    fails) or through transformers' ``is_torch_npu_available()`` (``import vllm`` fails):
-    the cpu run cannot start, and the one error names torch_npu, its own error and the
-    fix -- not "weight file unreadable", not a traceback."""
+    fails): the cpu run cannot start, and the one error names torch_npu, its own error and
+    the fix -- not "weight file unreadable", not a traceback. (Reached through transformers'
+    ``is_torch_npu_available()`` instead, it no longer stops the run: see
+    test_broken_vendor_package_does_not_stop_a_run_on_the_default_device.)"""
     site = vendor_site(tmp_path, autoload=autoload)
     out = tmp_path / "out"
     proc = _run([*CLI, "run", "--model-dir", demo, "--out", str(out), "--max-tokens", "2"], site, tmp_path / "c",
@@ -130,6 +138,118 @@ def test_make_engine_names_the_broken_vendor_package_before_any_engine(tmp_path,
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     assert out["package"] == "torch_npu" and out["dist"] == "torch-npu" and HCCL_ERROR in out["msg"]
+
+
+KINDS = {"installed": False, "bare": True}  # a torch-npu distribution (dist-info + RECORD), or a bare directory
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_broken_vendor_package_does_not_stop_a_run_on_the_default_device(tmp_path, kind):
+    """Issue 22: torch_npu without CANN (no autoload entry point, so torch imports) used to stop
+    `run --device auto` (exit 1; a raw traceback through transformers for the bare package).
+    Now the cpu run writes its outputs, saying once which package it hid and why."""
+    site = vendor_site(tmp_path, autoload=False, bare=KINDS[kind])
+    out = tmp_path / "out"
+    proc = _run([*CLI, "run", "--device", "auto", "--out", str(out), "--max-tokens", "2"], site, tmp_path / "c",
+                env={"VLLM_CPU_KVCACHE_SPACE": "1", "OMNI_BACKENDS_CACHE": str(tmp_path / "cache")}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert sorted(p.name for p in out.iterdir()) == ["codes.json", "out.wav", "summary.json", "thinker.txt"]
+    assert json.loads((out / "summary.json").read_text())["device"]["selected"] == "cpu"
+    warned = [line for line in proc.stderr.splitlines() if line.startswith("omni-backends: warning: torch_npu")]
+    assert len(warned) == 1 and f"OSError: {HCCL_ERROR}" in warned[0] and "install CANN" in warned[0], proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+
+
+THIRD_PARTY_VIEW = """
+import importlib.util, json, os, subprocess, sys
+import omni_backends.probing as probing
+from omni_backends.registry import select
+hidden_vendor_packages = getattr(probing, "hidden_vendor_packages", dict)  # (absent before issue 22)
+sel = select("cpu")
+from transformers.utils import import_utils
+import vllm  # noqa: F401  (vLLM imports transformers)
+child = subprocess.run([sys.executable, "-c", "import importlib.util, json, sys; "
+                        "print(json.dumps([importlib.util.find_spec(m) is None for m in sys.argv[1:]]))",
+                        *sys.argv[1:]], capture_output=True, text=True)
+def outcome(call):
+    try:
+        return call()
+    except Exception as exc:  # before issue 22: the vendor's OSError
+        return f"raised {{type(exc).__name__}}: {{exc}}"
+def imports():
+    try:
+        import {package}
+        return True
+    except ImportError:
+        return False
+print(json.dumps({{
+    "spec_none": [importlib.util.find_spec(m) is None for m in sys.argv[1:]],
+    "npu_available": outcome(import_utils.is_torch_npu_available),
+    "package_available": outcome(lambda: import_utils._is_package_available("{package}", return_version=True)[0]),
+    "imported": outcome(imports),
+    "hidden": hidden_vendor_packages(),
+    "notes": sel.notes,
+    "child": child.stdout.strip() or child.stderr[-2000:],
+}}))
+"""
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("package, dist", [("torch_npu", "torch-npu"),
+                                           ("intel_extension_for_pytorch", "intel-extension-for-pytorch")])
+def test_a_broken_vendor_package_is_unavailable_to_third_party_checks_in_a_run(tmp_path, kind, package, dist):
+    """After select() picked another driver, the broken package is absent for this process and
+    for fresh interpreters it starts (vLLM inspects models in `python -m ...` children):
+    find_spec is None, transformers' checks say unavailable, `import vllm` works, and the
+    vendor's own error is recorded."""
+    site = vendor_site(tmp_path, autoload=False, package=package, dist=dist, version="2.8.10", bare=KINDS[kind])
+    proc = _run(["-c", THIRD_PARTY_VIEW.format(package=package), package], site, tmp_path / "c")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["spec_none"] == [True] and got["child"] == "[true]", got
+    assert (got["npu_available"], got["package_available"], got["imported"]) == (False, False, False), got
+    failure = got["hidden"][package]
+    assert failure["error"] == f"OSError: {HCCL_ERROR}" and failure["package"] == package
+    assert failure["distribution"] == (None if KINDS[kind] else dist)
+    assert any(n.startswith(f"{package} hidden from this process: importable: no — OSError:") for n in got["notes"])
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_devices_and_explicit_npu_name_a_broken_vendor_package_installed_or_bare(tmp_path, kind):
+    """Issue 22: with a bare torch_npu `devices` called npu "not-installed" without the
+    OSError and `--device npu` did not name it."""
+    site = vendor_site(tmp_path, autoload=False, bare=KINDS[kind])
+    rep = json.loads(_run([*CLI, "devices", "--json"], site, tmp_path / "c").stdout)
+    npu = next(d for d in rep["drivers"] if d["name"] == "npu")
+    (failure,) = npu["vendor_import_errors"]
+    assert failure["package"] == "torch_npu" and failure["error"] == f"OSError: {HCCL_ERROR}"
+    assert failure["distribution"] == (None if KINDS[kind] else "torch-npu") and "install CANN" in failure["repair"]
+    assert rep["selection"]["selected"] == "cpu"
+    text = " ".join(_run([*CLI, "devices"], site, tmp_path / "c").stdout.split())
+    assert f"importable: no — OSError: {HCCL_ERROR}" in text, text
+    for cmd in (["devices", "--device", "npu"], ["run", "--device", "npu", "--out", str(tmp_path / "o")]):
+        proc = _run([*CLI, *cmd], site, tmp_path / "c")
+        assert proc.returncode == 1, (cmd, proc.stderr[-3000:])
+        msg = " ".join((proc.stdout if cmd[0] == "devices" else _one_error(proc)).split())
+        assert "not usable here" in msg and f"OSError: {HCCL_ERROR}" in msg, (cmd, msg)
+        assert "install CANN" in msg and "set_env.sh" in msg, (cmd, msg)
+        assert ("remove it from sys.path" if KINDS[kind] else "pip uninstall torch-npu") in msg, (cmd, msg)
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_autoloaded_broken_vendor_package_is_not_hidden(tmp_path):
+    """Where `import torch` itself fails (a torch.backends entry point that raises) hiding cannot
+    help: nothing is hidden, and the run's one error still names TORCH_DEVICE_BACKEND_AUTOLOAD=0
+    (test_broken_vendor_package_is_named_as_the_cause_of_a_failed_run)."""
+    site = vendor_site(tmp_path, autoload=True)
+    code = ("import json, omni_backends.probing as p; from omni_backends.registry import select; select('cpu'); "
+            "print(json.dumps(getattr(p, 'hidden_vendor_packages', dict)()))")
+    proc = _run(["-c", code], site, tmp_path / "c")
+    assert proc.returncode == 0 and json.loads(proc.stdout) == {}, proc.stderr[-3000:]
+    proc = _run(["-c", code], site, tmp_path / "c", env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert proc.returncode == 0 and list(json.loads(proc.stdout)) == ["torch_npu"], proc.stderr[-3000:]
 
 
 def test_find_import_failure_names_the_package_and_who_imported_it(tmp_path, monkeypatch):

@@ -230,6 +230,10 @@ class AscendBackend(TorchAcceleratorOps, Backend):
         "torch": ">=2.10,<2.11",
         "vllm": ">=0.23,<0.24",
     }
+    #: torch_npu (and vllm-ascend, which imports it) raise OSError without CANN's runtime (libhccl.so)
+    vendor_modules: ClassVar[dict[str, str]] = {
+        m: "install CANN and load its toolkit environment (`source /usr/local/Ascend/ascend-toolkit/set_env.sh`, "
+           "which puts libhccl.so on LD_LIBRARY_PATH)" for m in ("torch_npu", "vllm_ascend")}
     verification = (Verification.STATIC, Verification.SIMULATED)
     vllm_device_type: ClassVar[str] = "npu"
 

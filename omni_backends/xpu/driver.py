@@ -133,6 +133,10 @@ class XpuBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
     priority: ClassVar[int] = 80
     #: vLLM 0.33.0 pins torch 2.14.0; XPU graphs need torch >= 2.11 (checked at run time).
     vendor_requirements: ClassVar[dict[str, str]] = {"vllm": ">=0.33,<0.34", "torch": ">=2.14,<2.15"}
+    #: optional Intel extensions; they raise on import without the oneAPI runtime they were built for
+    vendor_modules: ClassVar[dict[str, str]] = {
+        m: "install the Intel GPU driver and the oneAPI runtime it was built for and load its environment "
+           "(`source /opt/intel/oneapi/setvars.sh`)" for m in ("intel_extension_for_pytorch", "oneccl_bindings_for_pytorch")}
     verification = (Verification.STATIC, Verification.SIMULATED)
     vllm_device_type: ClassVar[str] = "xpu"
 
