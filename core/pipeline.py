@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import shutil
 import sys
@@ -41,49 +40,8 @@ THINKER_MAX_MODEL_LEN = 512
 TALKER_MAX_MODEL_LEN = 1024
 
 
-#: device memory each stage may take besides its KV cache (weights of the tiny models, activations, graph pools,
-#: cuBLAS / compile workspaces), in bytes; sizes ``gpu_memory_utilization`` (see :func:`stage_memory_kw`)
-STAGE_HEADROOM_BYTES = 2 << 30
-_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
-
-
-def stage_memory_kw(backend: Any, model_dir: str, *, max_model_len: int, max_num_seqs: int,
-                    dtype: str = "float32") -> dict[str, Any]:
-    """vLLM arguments that size one engine's device memory for its model, not for the card.
-
-    vLLM reserves ``gpu_memory_utilization`` (default 0.9) of the whole device
-    per engine; three demo stages on one GPU would not fit. This returns
-    ``kv_cache_memory_bytes`` = twice the KV cache of ``max_num_seqs`` full
-    sequences (``2 * layers * kv_heads * head_dim * dtype bytes * max_model_len
-    * max_num_seqs``, from the model's ``config.json``, at least 64 MiB) and
-    ``gpu_memory_utilization`` = that plus :data:`STAGE_HEADROOM_BYTES` as a
-    fraction of the device's total memory (``Backend.memory_info()``; vLLM's
-    GPU worker checks that much is free when the engine starts). vLLM's CPU
-    worker reads both as host memory; its legacy ``VLLM_CPU_KVCACHE_SPACE``,
-    when set, overrides the KV size.
-
-    Raises :class:`BadInputError` when the device has less free memory than a
-    stage needs.
-    """
-    with open(os.path.join(model_dir, "config.json")) as f:
-        cfg = json.load(f)
-    layers = int(cfg.get("num_hidden_layers", 1))
-    heads = int(cfg.get("num_attention_heads", 1))
-    kv_heads = int(cfg.get("num_key_value_heads", heads))
-    head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
-    per_token = 2 * layers * kv_heads * head_dim * _DTYPE_BYTES.get(str(dtype).removeprefix("torch."), 4)
-    kv_bytes = max(64 << 20, 2 * per_token * max_model_len * max_num_seqs)
-    kv_bytes = -(-kv_bytes // (1 << 20)) << 20  # whole MiB
-    free, total = backend.memory_info()
-    util = min(0.9, math.ceil((kv_bytes + STAGE_HEADROOM_BYTES) / total * 1e4) / 1e4)
-    need = math.ceil(util * total)  # what vLLM's worker checks is free at start (vllm.v1.worker.utils.request_memory)
-    if free < need:
-        raise BadInputError(
-            f"{os.path.basename(os.path.normpath(model_dir))} stage needs about {need / 2**30:.2f} GiB of "
-            f"{backend.name} device memory but only {free / 2**30:.2f} GiB of {total / 2**30:.2f} GiB is free; "
-            "free the device (other processes) or pick another device with --device"
-        )
-    return {"kv_cache_memory_bytes": int(kv_bytes), "gpu_memory_utilization": util}
+# one engine's device memory, sized for its model (the kit's engine check sizes its engines the same way)
+from omni_backends.engine_memory import STAGE_HEADROOM_BYTES, engine_memory_kw as stage_memory_kw  # noqa: E402,F401
 
 
 def default_model_dir() -> str:
@@ -523,6 +481,12 @@ def _engine_process_fate(llm: Any) -> str | None:
     return None
 
 
+#: what an engine start on a device without free memory raises besides torch's OutOfMemoryError: cuBLAS
+#: failing to allocate its handle's workspace (``CUBLAS_STATUS_INTERNAL_ERROR when calling `cublasCreate(handle)```,
+#: seen on the H200 with another engine holding 0.9 of the card), its ALLOC_FAILED, vLLM's ``request_memory``
+DEVICE_MEMORY_SIGNS = ("cublasCreate(handle)", "CUBLAS_STATUS_ALLOC_FAILED", "Free memory on device")
+
+
 def _failure_cause(exc: BaseException, llm: Any) -> str:
     """One line: why a stage failed (device out of memory, a dead engine process, the model's error)."""
     chain: list[BaseException] = []
@@ -536,7 +500,8 @@ def _failure_cause(exc: BaseException, llm: Any) -> str:
         text = str(x).strip().splitlines()
         return f"{type(x).__name__}: {text[0][:300]}" if text else type(x).__name__
 
-    oom = next((x for x in chain if type(x).__name__ == "OutOfMemoryError" or "out of memory" in str(x).lower()), None)
+    oom = next((x for x in chain if type(x).__name__ == "OutOfMemoryError" or any(
+        sign in str(x) for sign in DEVICE_MEMORY_SIGNS) or "out of memory" in str(x).lower()), None)
     if oom is not None:
         return (f"the device ran out of memory ({line(oom)}); lower --max-tokens or free device memory "
                 f"(other processes on it)")

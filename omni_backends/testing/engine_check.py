@@ -45,7 +45,11 @@ def run(device: str, model: str, side: str, worker_cls: str, scheduler_cls: str)
     sel.backend.check_vllm_platform()
     from vllm import LLM
 
+    from omni_backends.engine_memory import engine_memory_kw
+
     kw = dict(dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=8, seed=0)
+    # sized for the model, not vLLM's 0.9 of the card: other engines may share the device (issue 21)
+    kw.update(engine_memory_kw(sel.backend, model, max_model_len=256, max_num_seqs=8, dtype="float32"))
     if side == "omni":
         llm = LLM(model, worker_cls=worker_cls, scheduler_cls=scheduler_cls, **kw)
     elif side == "stock":

@@ -122,3 +122,19 @@ def test_failure_cause_reads_out_of_memory_anywhere_in_the_chain():
     except RuntimeError as outer:
         assert _failure_cause(outer, None).startswith("the device ran out of memory (MemoryError: CUDA out of memory")
     assert _failure_cause(BadInputError("x"), None) == "the engine raised BadInputError: x"
+
+
+@pytest.mark.parametrize("message", [
+    "CUDA error: CUBLAS_STATUS_INTERNAL_ERROR when calling `cublasCreate(handle)`",  # H200, 2026-12-01
+    "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+    "Free memory on device cuda:0 (1.94/139.8 GiB) on startup is less than desired GPU memory utilization",
+])
+def test_an_engine_start_on_a_full_device_is_named_as_device_memory(message):
+    try:
+        try:
+            raise RuntimeError(message)
+        except RuntimeError as exc:
+            raise RuntimeError("Engine core initialization failed. See root cause above.") from exc
+    except RuntimeError as outer:
+        cause = _failure_cause(outer, None)
+    assert cause.startswith("the device ran out of memory (RuntimeError: ") and "other processes" in cause, cause

@@ -1,0 +1,61 @@
+"""One vLLM engine's device memory, sized for its model rather than for the card.
+
+vLLM reserves ``gpu_memory_utilization`` (default 0.9) of the whole device per engine. Every engine this project
+starts (the pipeline's stages, the engine tests, the conformance kit's engine check) is sized here instead, so
+several share one GPU -- and none grabs 90 % of it: an engine at vLLM's default next to others left the H200
+with 1.9 GiB free, and the engine starting then failed in ``cublasCreate`` (``CUBLAS_STATUS_INTERNAL_ERROR``,
+its workspace allocation) or in vLLM's ``request_memory`` check (issue 21).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+from omni_backends.errors import BadInputError
+
+#: device memory each stage may take besides its KV cache (weights of the tiny models, activations, graph pools,
+#: cuBLAS / compile workspaces), in bytes; sizes ``gpu_memory_utilization`` (see :func:`engine_memory_kw`)
+STAGE_HEADROOM_BYTES = 2 << 30
+_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+def engine_memory_kw(backend: Any, model_dir: str, *, max_model_len: int, max_num_seqs: int,
+                    dtype: str = "float32") -> dict[str, Any]:
+    """vLLM arguments that size one engine's device memory for its model, not for the card.
+
+    vLLM reserves ``gpu_memory_utilization`` (default 0.9) of the whole device
+    per engine; three demo stages on one GPU would not fit. This returns
+    ``kv_cache_memory_bytes`` = twice the KV cache of ``max_num_seqs`` full
+    sequences (``2 * layers * kv_heads * head_dim * dtype bytes * max_model_len
+    * max_num_seqs``, from the model's ``config.json``, at least 64 MiB) and
+    ``gpu_memory_utilization`` = that plus :data:`STAGE_HEADROOM_BYTES` as a
+    fraction of the device's total memory (``Backend.memory_info()``; vLLM's
+    GPU worker checks that much is free when the engine starts). vLLM's CPU
+    worker reads both as host memory; its legacy ``VLLM_CPU_KVCACHE_SPACE``,
+    when set, overrides the KV size.
+
+    Raises :class:`BadInputError` when the device has less free memory than a
+    stage needs.
+    """
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    layers = int(cfg.get("num_hidden_layers", 1))
+    heads = int(cfg.get("num_attention_heads", 1))
+    kv_heads = int(cfg.get("num_key_value_heads", heads))
+    head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
+    per_token = 2 * layers * kv_heads * head_dim * _DTYPE_BYTES.get(str(dtype).removeprefix("torch."), 4)
+    kv_bytes = max(64 << 20, 2 * per_token * max_model_len * max_num_seqs)
+    kv_bytes = -(-kv_bytes // (1 << 20)) << 20  # whole MiB
+    free, total = backend.memory_info()
+    util = min(0.9, math.ceil((kv_bytes + STAGE_HEADROOM_BYTES) / total * 1e4) / 1e4)
+    need = math.ceil(util * total)  # what vLLM's worker checks is free at start (vllm.v1.worker.utils.request_memory)
+    if free < need:
+        raise BadInputError(
+            f"{os.path.basename(os.path.normpath(model_dir))} stage needs about {need / 2**30:.2f} GiB of "
+            f"{backend.name} device memory but only {free / 2**30:.2f} GiB of {total / 2**30:.2f} GiB is free; "
+            "free the device (other processes) or pick another device with --device"
+        )
+    return {"kv_cache_memory_bytes": int(kv_bytes), "gpu_memory_utilization": util}
