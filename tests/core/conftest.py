@@ -109,9 +109,11 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return d
 
 
-#: the scenarios one variant's suite process runs (in this order); ``payloads`` only on the default variant
-SUITE_SCENARIOS = ("stock-thinker", "omni-thinker", "talker-batch")
-VARIANT_SCENARIOS = {"v1-warmup": ("omni-thinker", "talker-batch")}  # cpu's compiled warm-up: no stock engine
+#: the scenario processes of one variant, each a group run in order in one process: stock and omni thinker side
+#: by side, the talker + code2wav in a second process (they share nothing with the thinker engines, and two
+#: processes per variant halve the wall time); ``payloads`` joins the first group on the default variant only
+SUITE_GROUPS = (("stock-thinker", "omni-thinker"), ("talker-batch",))
+VARIANT_GROUPS = {"v1-warmup": (("omni-thinker", "talker-batch"),)}  # cpu's compiled warm-up: no stock engine
 
 
 class _Job:
@@ -186,14 +188,20 @@ class ScenarioRunner:
                 timeout * max(1, len(scenarios)), f"scenario {scenario}{list(scenarios) or ''} [{self.device} {variant}]")
         return self._jobs[key]
 
+    def suite_groups(self, variant: str) -> tuple[tuple[str, ...], ...]:
+        groups = VARIANT_GROUPS.get(variant, SUITE_GROUPS)
+        if variant == default_variant(self.device) and not any("payloads" in g for g in groups):
+            groups = ((*groups[0], "payloads"), *groups[1:])
+        return groups
+
     def suite_scenarios(self, variant: str) -> tuple[str, ...]:
-        names = VARIANT_SCENARIOS.get(variant, SUITE_SCENARIOS)
-        return names + (("payloads",) if variant == default_variant(self.device) and "payloads" not in names else ())
+        return tuple(name for group in self.suite_groups(variant) for name in group)
 
     def start(self, variant: str) -> None:
-        """Start the variant's suite process and its other-layout thinker (in the background)."""
+        """Start the variant's suite processes and its other-layout thinker (in the background)."""
         mp = self.device != "cpu"
-        self._launch(("suite", variant), "suite", variant, mp, None, self.suite_scenarios(variant))
+        for i, group in enumerate(self.suite_groups(variant)):
+            self._launch(("suite", variant, i), "suite", variant, mp, None, group)
         if "omni-thinker" in self.suite_scenarios(variant) and not variant.endswith("-warmup"):
             self._launch(("omni-thinker", variant, not mp), "omni-thinker", variant, not mp, None)
 
@@ -210,7 +218,8 @@ class ScenarioRunner:
             return self._cache[key]
         if not env and multiprocess == default_mp and scenario in self.suite_scenarios(variant):
             self.start(variant)
-            part = self._jobs[("suite", variant)].wait().get(scenario)
+            group = next(i for i, g in enumerate(self.suite_groups(variant)) if scenario in g)
+            part = self._jobs[("suite", variant, group)].wait().get(scenario)
             if part is None:
                 raise AssertionError(f"the {variant} suite saved no result for {scenario}")
             if "error" in part:
