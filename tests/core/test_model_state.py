@@ -642,6 +642,8 @@ def _runner_output(ids):
 def _v1_step(model, pl, b):
     """One step through the V1 seams (OmniV1RunnerMixin over a base that plays
     vLLM's V1 runner: its methods return what V1's return)."""
+    from vllm.v1.sample.sampler import Sampler
+
     from core.runner import OmniV1RunnerMixin
 
     new = [types.SimpleNamespace(req_id=r, sampling_params=new_request(r, PROMPT[r], pl[r]).sampling_params) for r in IDS]
@@ -658,7 +660,7 @@ def _v1_step(model, pl, b):
             self.device = torch.device("cpu")
             self.model_config = types.SimpleNamespace(get_hidden_size=lambda: H)
             self.requests = {}
-            self.sampler = None
+            self.sampler = Sampler(logprobs_mode="raw_logprobs")  # what vLLM's V1 runner builds in __init__
             self.input_batch.sampling_metadata = None
 
         def load_model(self):
