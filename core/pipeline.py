@@ -481,10 +481,10 @@ def _engine_process_fate(llm: Any) -> str | None:
     return None
 
 
-#: what an engine start on a device without free memory raises besides torch's OutOfMemoryError: cuBLAS
-#: failing to allocate its handle's workspace (``CUBLAS_STATUS_INTERNAL_ERROR when calling `cublasCreate(handle)```,
-#: seen on the H200 with another engine holding 0.9 of the card), its ALLOC_FAILED, vLLM's ``request_memory``
-DEVICE_MEMORY_SIGNS = ("cublasCreate(handle)", "CUBLAS_STATUS_ALLOC_FAILED", "Free memory on device")
+#: what an engine start on a device without free memory raises besides torch's OutOfMemoryError: cuBLAS's
+#: ALLOC_FAILED and vLLM's ``request_memory`` check. (cuBLAS's ``CUBLAS_STATUS_INTERNAL_ERROR`` in ``cublasCreate``
+#: is not one of them: the H200 raised it next to a full device, and also on an empty one, issue 21.)
+DEVICE_MEMORY_SIGNS = ("CUBLAS_STATUS_ALLOC_FAILED", "Free memory on device")
 
 
 def _failure_cause(exc: BaseException, llm: Any) -> str:

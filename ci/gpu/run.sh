@@ -15,6 +15,9 @@
 #                   prints the wall time per job. The two-runs-one-seed CLI test is left to `mainjobs` (five runs)
 #   mainjobs        five `omni-backends run --device cuda` back to back (vLLM's defaults), one seed: every exit
 #                   status, wall and engine-start times, and whether every out.wav is byte-identical
+#   cublas-probe    the talker engine started cold then warm (ci/gpu/talker_start.py), one fresh compile cache per
+#                   setting: vLLM's defaults (V2), VLLM_USE_AOT_COMPILE=0, TORCHINDUCTOR_DETERMINISTIC=1, V1 --
+#                   which settings reproduce the warm-start cublasCreate failure of issue 21
 #   core-v2-graphs  pytest --device cuda tests/core, variant v2-graphs (vLLM's defaults: V2, compile + CUDA graphs,
 #                   async scheduling, multiprocess): thinker vs stock vLLM, hidden states vs PyTorch, talker+code2wav
 #   core-v1-graphs  the same on V1 (VLLM_USE_V2_MODEL_RUNNER=0)
@@ -144,6 +147,26 @@ part_mainjobs() {
   [ $ok -eq 5 ] && [ "$(echo "$sums" | wc -l)" -eq 1 ]
 }
 
+part_cublas_probe() {
+  local d="$OUT/cublas-probe"; mkdir -p "$d"
+  header cublas-probe > "$d/log.txt"
+  python3 -m omni_backends.cli demo-model create "$d/demo" >> "$d/log.txt" 2>&1
+  local spec
+  for spec in "defaults:" "no-aot:VLLM_USE_AOT_COMPILE=0" "inductor-deterministic:TORCHINDUCTOR_DETERMINISTIC=1" \
+              "v1:VLLM_USE_V2_MODEL_RUNNER=0"; do
+    local name=${spec%%:*} setting=${spec#*:}
+    for start in cold warm; do
+      if (( $(left) < 60 )); then echo "$name $start: not started (time)" | tee -a "$d/log.txt"; continue; fi
+      local t0=$SECONDS
+      # shellcheck disable=SC2086
+      env VLLM_CACHE_ROOT="/tmp/cublas-probe-cache/$name" $setting timeout 200 python3 ci/gpu/talker_start.py "$d/demo" \
+          > "$d/$name-$start.txt" 2>&1
+      local rc=$?
+      echo "$name ($setting) $start: rc=$rc $((SECONDS - t0)) s $(grep -o 'CUBLAS_STATUS_[A-Z_]*' "$d/$name-$start.txt" | head -1)" | tee -a "$d/log.txt"
+    done
+  done
+}
+
 part_pipeline() {
   local d="$OUT/pipeline"; mkdir -p "$d"
   header pipeline > "$d/log.txt"
@@ -187,6 +210,7 @@ for part in "$@"; do
   case "$part" in
     matrix) part_matrix ;;
     mainjobs) part_mainjobs ;;
+    cublas-probe) part_cublas_probe ;;
     core-v2-graphs) part_core v2-graphs "v2-graphs" ;;
     core-v1-graphs) part_core v1-graphs "v1-graphs" ;;
     core-eager) part_core eager "v1-eager or v2-eager" ;;
