@@ -16,7 +16,8 @@
 #   mainjobs        five `omni-backends run --device cuda` back to back (vLLM's defaults), one seed: every exit
 #                   status, wall and engine-start times, and whether every out.wav is byte-identical
 #   cublas-probe    the talker engine started cold then warm (ci/gpu/talker_start.py), one fresh compile cache per
-#                   setting: vLLM's defaults (V2), VLLM_USE_AOT_COMPILE=0, TORCHINDUCTOR_DETERMINISTIC=1, V1 --
+#                   setting: after a thinker engine in the same process (as the main job), alone with vLLM's
+#                   defaults (V2), VLLM_USE_AOT_COMPILE=0, TORCHINDUCTOR_DETERMINISTIC=1, V1 --
 #                   which settings reproduce the warm-start cublasCreate failure of issue 21
 #   core-v2-graphs  pytest --device cuda tests/core, variant v2-graphs (vLLM's defaults: V2, compile + CUDA graphs,
 #                   async scheduling, multiprocess): thinker vs stock vLLM, hidden states vs PyTorch, talker+code2wav
@@ -152,14 +153,15 @@ part_cublas_probe() {
   header cublas-probe > "$d/log.txt"
   python3 -m omni_backends.cli demo-model create "$d/demo" >> "$d/log.txt" 2>&1
   local spec
-  for spec in "defaults:" "no-aot:VLLM_USE_AOT_COMPILE=0" "inductor-deterministic:TORCHINDUCTOR_DETERMINISTIC=1" \
-              "v1:VLLM_USE_V2_MODEL_RUNNER=0"; do
-    local name=${spec%%:*} setting=${spec#*:}
+  for spec in "after-thinker:" "defaults:" "no-aot:VLLM_USE_AOT_COMPILE=0" \
+              "inductor-deterministic:TORCHINDUCTOR_DETERMINISTIC=1" "v1:VLLM_USE_V2_MODEL_RUNNER=0"; do
+    local name=${spec%%:*} setting=${spec#*:} extra=""
+    [ "$name" = after-thinker ] && extra="--after-thinker"
     for start in cold warm; do
       if (( $(left) < 60 )); then echo "$name $start: not started (time)" | tee -a "$d/log.txt"; continue; fi
       local t0=$SECONDS
       # shellcheck disable=SC2086
-      env VLLM_CACHE_ROOT="/tmp/cublas-probe-cache/$name" $setting timeout 200 python3 ci/gpu/talker_start.py "$d/demo" \
+      env VLLM_CACHE_ROOT="/tmp/cublas-probe-cache/$name" $setting timeout 200 python3 ci/gpu/talker_start.py "$d/demo" $extra \
           > "$d/$name-$start.txt" 2>&1
       local rc=$?
       echo "$name ($setting) $start: rc=$rc $((SECONDS - t0)) s $(grep -o 'CUBLAS_STATUS_[A-Z_]*' "$d/$name-$start.txt" | head -1)" | tee -a "$d/log.txt"

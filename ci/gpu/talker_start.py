@@ -1,11 +1,12 @@
 """Start the demo talker engine (vLLM's defaults on the device) and run one request; exit 0 if it served.
 
-``python ci/gpu/talker_start.py DEMO_DIR`` -- the smallest reproduction of issue 21's main-job failure on the
+``python ci/gpu/talker_start.py DEMO_DIR [--after-thinker]`` -- the smallest reproduction of issue 21's main-job failure on the
 H200: the talker stage's engine, started a second time in a fresh process with vLLM's torch.compile cache warm
 (``$VLLM_CACHE_ROOT``), failed in ``determine_available_memory`` -> V2 ``_dummy_run`` at the first ``mm`` of the
 cached Inductor graph with ``CUBLAS_STATUS_INTERNAL_ERROR when calling cublasCreate(handle)`` (3 of 3 warm
-starts; the cold start passed; the device was empty). ``ci/gpu/run.sh cublas-probe`` runs it cold then warm
-under several settings."""
+starts; the cold start passed; the device was empty). Both failing engines were the second or third engine of
+their parent process; ``--after-thinker`` starts and releases the thinker's engine first, as the main job does.
+``ci/gpu/run.sh cublas-probe`` runs it cold then warm under several settings."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
 
 
-def main(demo_dir: str) -> int:
+def main(demo_dir: str, after_thinker: bool = False) -> int:
     import torch
     from vllm import SamplingParams
 
@@ -25,6 +26,17 @@ def main(demo_dir: str) -> int:
     from core.pipeline import stage_memory_kw
     from core.stage import make_engine, prepare_device
 
+    if after_thinker:
+        from core.pipeline import engine_processes, wait_engine_released
+
+        thinker = os.path.join(demo_dir, "thinker")
+        tmem = stage_memory_kw(prepare_device("cuda").backend, thinker, max_model_len=256, max_num_seqs=8)
+        th = make_engine(thinker, device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8, seed=0, **tmem)
+        th.generate(["Hello omni"], SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
+        procs = engine_processes(th)
+        th.llm_engine.engine_core.shutdown()
+        wait_engine_released(procs, "thinker")
+        print("thinker engine served and released", flush=True)
     model = os.path.join(demo_dir, "talker")
     t0 = time.perf_counter()
     mem = stage_memory_kw(prepare_device("cuda").backend, model, max_model_len=256, max_num_seqs=8)
@@ -41,4 +53,4 @@ def main(demo_dir: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], "--after-thinker" in sys.argv[2:]))
