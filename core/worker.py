@@ -68,6 +68,7 @@ class OmniWorkerMixin:
                  for r in hooks.payloads.request_ids()} if hooks else None
             ),
             "mtp_calls": dict(hooks.mtp_calls) if hooks else None,
+            "mtp_calls_finished": dict(hooks.mtp_calls_finished) if hooks else None,
             "mtp_mode": hooks.mtp_mode if hooks else None,
             # talker MTP graphs: sizes captured and replays since (None when the head runs eager or is absent)
             "mtp_graph": getattr(getattr(hooks, "talker_mtp", None), "graph_stats", lambda: None)() if hooks else None,

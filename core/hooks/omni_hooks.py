@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 MTP_SEED_KEY = "tts_local_seed"
 
 
+#: finished requests whose talker-MTP call count is kept (oldest dropped first)
+FINISHED_MTP_RECORD = 256
+
+
 class OmniHooks:
     """RFC-005 hook protocol over vLLM-Omni's model contract; one instance per runner."""
 
@@ -61,6 +65,9 @@ class OmniHooks:
         self._mtp_generators: dict[str, torch.Generator] = {}
         self.talker_mtp: TalkerMTP | None = None
         self.mtp_calls: dict[str, int] = {}
+        #: talker-MTP calls of the last :data:`FINISHED_MTP_RECORD` finished requests (bounded: a long-running
+        #: server keeps no per-request state), read through the worker's ``omni_state``
+        self.mtp_calls_finished: dict[str, int] = {}
         self.mtp_mode = "none"
         self.mtp_sampling: dict[str, Any] = {}
         self.vocab_size: int | None = None
@@ -176,7 +183,11 @@ class OmniHooks:
         for r in req_ids:
             self._step_outputs.pop(r, None)
             self._emitted.pop(r, None)
-            self.mtp_calls.pop(r, None)
+            calls = self.mtp_calls.pop(r, None)
+            if calls is not None:
+                self.mtp_calls_finished[r] = calls
+                if len(self.mtp_calls_finished) > FINISHED_MTP_RECORD:
+                    del self.mtp_calls_finished[next(iter(self.mtp_calls_finished))]
             self._mtp_seeds.pop(r, None)
             self._mtp_generators.pop(r, None)
             self._foreign.discard(r)

@@ -205,6 +205,9 @@ def talker_batch(demo_dir: str) -> dict:
     counts = count_mtp(talker)
     outs = talker.generate(prompts, params, use_tqdm=False)
     mtp_calls = {**counts["per_request"], **counts.pop("live")}
+    if counts["rows"] is None:  # multiprocess: the worker's own record (finished requests, then live ones)
+        (state,) = talker.collective_rpc("omni_state")
+        mtp_calls = {**(state.get("mtp_calls_finished") or {}), **(state.get("mtp_calls") or {})}
     rows = [o.multimodal_outputs["codes.audio"] for o in outs]
     codes = [r[r[:, 0] >= 0] for r in rows]  # prompt rows carry -1
     tokens = [list(o.outputs[0].token_ids) for o in outs]

@@ -578,3 +578,18 @@ def test_talker_mtp_is_graph_wrapped_only_when_the_engine_runs_graphs(backend):
         hooks.bind_model(SafeTalker(), vllm_config=cfg(eager, mode))
         assert hooks.mtp_mode == want, (eager, mode)
         assert gb.wrapped == ([CUDAGraphMode.FULL] if want == "graph" else [])
+
+
+def test_finished_requests_keep_a_bounded_record_of_their_talker_mtp_calls(backend):
+    """A multiprocess engine's MTP calls per request stay readable after the request finished (the worker's
+    ``omni_state``), for the last ``FINISHED_MTP_RECORD`` requests only: a server keeps no growing state."""
+    from core.hooks.omni_hooks import FINISHED_MTP_RECORD
+
+    hooks = OmniHooks(backend)
+    n = FINISHED_MTP_RECORD + 10
+    for i in range(n):
+        hooks.mtp_calls[f"r{i}"] = i % 7 + 1
+    hooks.on_finished_requests([f"r{i}" for i in range(n)])
+    assert hooks.mtp_calls == {}
+    assert len(hooks.mtp_calls_finished) == FINISHED_MTP_RECORD
+    assert "r0" not in hooks.mtp_calls_finished and hooks.mtp_calls_finished[f"r{n - 1}"] == (n - 1) % 7 + 1
