@@ -221,6 +221,9 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     sel = report["selection"]
     if sel.get("selected"):
         return EXIT_OK
+    if sel.get("error"):  # the report says it on stdout; stderr gets the one error line every command gives
+        message = str(sel["error"]).removeprefix(f"{sel.get('error_type')}: ")
+        print(f"omni-backends: error: {message.splitlines()[0] if message else sel['error']}", file=sys.stderr)
     import omni_backends.errors as errors
 
     cls = getattr(errors, str(sel.get("error_type")), None)

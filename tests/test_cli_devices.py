@@ -158,3 +158,16 @@ def test_command_plugins_survive_a_corrupt_stevedore_cache(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "selected usable-low"
     assert "stevedore" in proc.stderr and str(path.parent) in proc.stderr  # says which cache to delete
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_devices_with_an_unknown_device_gives_one_error_line_and_status_2(tmp_path, how):
+    """Like ``run``: one ``omni-backends: error:`` line on stderr (the report on stdout says it too)."""
+    env = env_for(tmp_path, tmp_path / "cache")
+    args = ["devices", "--device", "nosuch"] if how == "flag" else ["devices"]
+    if how == "env":
+        env["OMNI_BACKENDS_DEVICE"] = "nosuch"
+    p = subprocess.run([*_script(), *args], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2
+    errors = [line for line in p.stderr.splitlines() if line.startswith("omni-backends: error:")]
+    assert len(errors) == 1 and "unknown device 'nosuch'" in errors[0], p.stderr
