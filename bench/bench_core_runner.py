@@ -39,7 +39,7 @@ runner's own time goes. Prints Markdown; ``--out DIR`` also writes
 On a GPU (``--device cuda``, ``ci/gpu/bench.sh``): ``--dtype bfloat16``,
 vLLM's defaults for the device (compilation + CUDA graphs; ``--enforce-eager``
 to compare), async scheduling as vLLM sets it, each engine's KV cache sized
-for the model (``core.pipeline.stage_memory_kw``) so all engines share the
+for the model (``omni_backends.engine_memory.engine_memory_kw``) so all engines share the
 card; ``VLLM_USE_V2_MODEL_RUNNER`` picks V1 / V2. Engines stay in one process
 (stepped in turn, as above).
 """
@@ -73,14 +73,14 @@ def engine_kw(args: argparse.Namespace, model: str, batches: list[int]) -> dict:
     ``--dtype``, ``max_num_seqs`` covering the largest batch, and a KV cache sized for the model."""
     if args.device == "cpu" and not args.graphs:
         return dict(ENGINE_KW, dtype=args.dtype)
-    from core.pipeline import stage_memory_kw
+    from omni_backends.engine_memory import engine_memory_kw
     from core.stage import prepare_device
 
     seqs = max(16, max(batches))
     kw = dict(dtype=args.dtype, max_model_len=256, max_num_seqs=seqs, seed=0)
     if args.enforce_eager:
         kw["enforce_eager"] = True
-    kw.update(stage_memory_kw(prepare_device(args.device).backend, model, max_model_len=256, max_num_seqs=seqs,
+    kw.update(engine_memory_kw(prepare_device(args.device).backend, model, max_model_len=256, max_num_seqs=seqs,
                               dtype=args.dtype))
     return kw
 

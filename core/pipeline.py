@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from core.kinds import AR, GENERATION
 from omni_backends.binding import VendorSymbol
+from omni_backends.engine_memory import engine_memory_kw
 from omni_backends.errors import BadInputError
 
 STAGES = ("thinker", "talker", "code2wav")
@@ -38,10 +39,6 @@ GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEW
 RUNNERS = ("auto", "v1", "v2")
 THINKER_MAX_MODEL_LEN = 512
 TALKER_MAX_MODEL_LEN = 1024
-
-
-# one engine's device memory, sized for its model (the kit's engine check sizes its engines the same way)
-from omni_backends.engine_memory import STAGE_HEADROOM_BYTES, engine_memory_kw as stage_memory_kw  # noqa: E402,F401
 
 
 def default_model_dir() -> str:
@@ -612,7 +609,7 @@ def _start_stage(stage: str, model: str, kind: str, cfg: RunConfig, backend: Any
     time, the memory it was given, what vLLM resolved)."""
     from core.stage import make_engine
 
-    mem = stage_memory_kw(backend, model, max_model_len=max_model_len, max_num_seqs=ENGINE_KW["max_num_seqs"],
+    mem = engine_memory_kw(backend, model, max_model_len=max_model_len, max_num_seqs=ENGINE_KW["max_num_seqs"],
                           dtype=ENGINE_KW["dtype"])
     t0 = time.perf_counter()
     llm = make_engine(model, kind=kind, device=cfg.device, max_model_len=max_model_len, **engine_kw(cfg), **mem, **kw)

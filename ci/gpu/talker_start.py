@@ -23,14 +23,14 @@ def main(demo_dir: str, after_thinker: bool = False) -> int:
     from vllm import SamplingParams
 
     from core.payloads import EXTRA_ARGS_KEY, pack
-    from core.pipeline import stage_memory_kw
+    from omni_backends.engine_memory import engine_memory_kw
     from core.stage import make_engine, prepare_device
 
     if after_thinker:
         from core.pipeline import engine_processes, wait_engine_released
 
         thinker = os.path.join(demo_dir, "thinker")
-        tmem = stage_memory_kw(prepare_device("cuda").backend, thinker, max_model_len=256, max_num_seqs=8)
+        tmem = engine_memory_kw(prepare_device("cuda").backend, thinker, max_model_len=256, max_num_seqs=8)
         th = make_engine(thinker, device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8, seed=0, **tmem)
         th.generate(["Hello omni"], SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
         procs = engine_processes(th)
@@ -39,7 +39,7 @@ def main(demo_dir: str, after_thinker: bool = False) -> int:
         print("thinker engine served and released", flush=True)
     model = os.path.join(demo_dir, "talker")
     t0 = time.perf_counter()
-    mem = stage_memory_kw(prepare_device("cuda").backend, model, max_model_len=256, max_num_seqs=8)
+    mem = engine_memory_kw(prepare_device("cuda").backend, model, max_model_len=256, max_num_seqs=8)
     llm = make_engine(model, device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8, seed=0,
                       skip_tokenizer_init=True, **mem)
     start = time.perf_counter() - t0

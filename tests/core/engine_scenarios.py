@@ -56,12 +56,12 @@ ENGINE_KW = engine_kw()
 
 
 def memory_kw(model: str) -> dict:
-    """Per-engine device memory sized for the model (``core.pipeline.stage_memory_kw``; on cpu
+    """Per-engine device memory sized for the model (``omni_backends.engine_memory.engine_memory_kw``; on cpu
     ``VLLM_CPU_KVCACHE_SPACE`` still sets the KV size)."""
-    from core.pipeline import stage_memory_kw
+    from omni_backends.engine_memory import engine_memory_kw
     from core.stage import prepare_device
 
-    return stage_memory_kw(prepare_device(DEVICE).backend, model, max_model_len=MAX_MODEL_LEN,
+    return engine_memory_kw(prepare_device(DEVICE).backend, model, max_model_len=MAX_MODEL_LEN,
                            max_num_seqs=MAX_NUM_SEQS, dtype="float32")
 
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from core.pipeline import (STAGE_HEADROOM_BYTES, RunConfig, check_engine_choices, device_defaults, engine_kw,
-                           stage_memory_kw)
+from core.pipeline import RunConfig, check_engine_choices, device_defaults, engine_kw
+from omni_backends.engine_memory import STAGE_HEADROOM_BYTES, engine_memory_kw
 from omni_backends.backend import Capabilities
 from omni_backends.errors import BadInputError
 
@@ -43,7 +43,7 @@ def model_dir(tmp_path):
 
 
 def test_a_gpu_stage_gets_a_kv_cache_sized_for_its_model_not_for_the_card(model_dir):
-    kw = stage_memory_kw(FakeBackend(), model_dir, max_model_len=512, max_num_seqs=8, dtype="float32")
+    kw = engine_memory_kw(FakeBackend(), model_dir, max_model_len=512, max_num_seqs=8, dtype="float32")
     per_token = 2 * 2 * 2 * 32 * 4  # K and V, 2 layers, 2 kv heads, head_dim 32, fp32
     assert kw["kv_cache_memory_bytes"] == max(64 << 20, 2 * per_token * 512 * 8)
     assert kw["kv_cache_memory_bytes"] % (1 << 20) == 0
@@ -55,15 +55,15 @@ def test_a_gpu_stage_gets_a_kv_cache_sized_for_its_model_not_for_the_card(model_
 
 
 def test_a_long_context_scales_the_kv_cache(model_dir):
-    small = stage_memory_kw(FakeBackend(), model_dir, max_model_len=512, max_num_seqs=8)
-    big = stage_memory_kw(FakeBackend(), model_dir, max_model_len=32768, max_num_seqs=64)
+    small = engine_memory_kw(FakeBackend(), model_dir, max_model_len=512, max_num_seqs=8)
+    big = engine_memory_kw(FakeBackend(), model_dir, max_model_len=32768, max_num_seqs=64)
     assert big["kv_cache_memory_bytes"] == 2 * (2 * 2 * 2 * 32 * 4) * 32768 * 64 > small["kv_cache_memory_bytes"]
 
 
 def test_a_full_device_is_refused_before_the_engine_starts(model_dir):
     with pytest.raises(BadInputError, match=r"thinker stage needs about 2\.\d\d GiB of gpu device memory but only "
                                             r"1\.00 GiB of 140\.00 GiB is free; free the device"):
-        stage_memory_kw(FakeBackend(free=1 * GiB), model_dir, max_model_len=512, max_num_seqs=8)
+        engine_memory_kw(FakeBackend(free=1 * GiB), model_dir, max_model_len=512, max_num_seqs=8)
 
 
 def test_device_defaults_eager_in_process_on_cpu_vllm_defaults_elsewhere():
