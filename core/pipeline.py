@@ -404,16 +404,22 @@ def shutdown_engine(llm: Any) -> None:
 ENGINE_RELEASE_TIMEOUT = 60.0
 
 
+def _engine_core_processes(llm: Any) -> list[Any]:
+    """vLLM's ``multiprocessing`` handles of ``llm``'s engine-core processes
+    (``client.resources.engine_manager.processes``); none in-process."""
+    manager = getattr(getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "resources", None),
+                      "engine_manager", None)
+    return list(getattr(manager, "processes", None) or ())
+
+
 def engine_processes(llm: Any) -> list[Any]:
     """The engine-core processes of ``llm`` (vLLM's ``multiprocessing`` handles, multiprocess mode; in-process:
     none) and their descendants (``psutil.Process``), read before shutdown so that a child of a killed engine
     process is still known."""
     import psutil
 
-    manager = getattr(getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "resources", None),
-                      "engine_manager", None)
     out: list[Any] = []
-    for proc in getattr(manager, "processes", None) or ():
+    for proc in _engine_core_processes(llm):
         out.append(proc)
         try:
             out += psutil.Process(proc.pid).children(recursive=True)
@@ -427,9 +433,7 @@ def wait_engine_released(procs: list[Any], stage: str, timeout: float | None = N
 
     vLLM's ``CoreEngineProcManager.shutdown`` sends SIGTERM, waits 5 s, then SIGKILLs the process tree without
     waiting for it to die: the killed engine may still hold its device context (and memory) when the caller
-    starts the next engine, which then measures and allocates on a device in flux (the H200 run of 2026-12-01
-    failed one start in three with ``CUBLAS_STATUS_INTERNAL_ERROR`` in ``cublasCreate`` during
-    ``determine_available_memory`` of the engine started right after another). Our own children are joined
+    starts the next engine, which then measures and allocates on a device in flux. Our own children are joined
     (``multiprocessing`` reaps them), their descendants polled. After ``timeout`` seconds
     (:data:`ENGINE_RELEASE_TIMEOUT`) what is left is killed and waited for; a warning names it. Never raises."""
     import psutil
@@ -455,14 +459,20 @@ def wait_engine_released(procs: list[Any], stage: str, timeout: float | None = N
             p.join(10) if not isinstance(p, psutil.Process) else p.wait(10)
 
 
+def release_engine(llm: Any, stage: str) -> None:
+    """Shut ``llm`` down (:func:`shutdown_engine`) and return once its engine processes have exited
+    (:func:`wait_engine_released`). Never raises."""
+    procs = engine_processes(llm)
+    shutdown_engine(llm)
+    wait_engine_released(procs, stage)
+
+
 def _engine_process_fate(llm: Any) -> str | None:
     """"engine process 123 was killed by signal SIGKILL" if an engine-core process
     of ``llm`` has exited (multiprocess mode), else None."""
     import signal
 
-    manager = getattr(getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "resources", None),
-                      "engine_manager", None)
-    for proc in getattr(manager, "processes", None) or ():
+    for proc in _engine_core_processes(llm):
         code = getattr(proc, "exitcode", None)
         if code is None:
             continue
@@ -571,9 +581,7 @@ class _Stages:
             stop.set()
         llm = self.engines.pop(stage, None)
         if llm is not None:
-            procs = engine_processes(llm)
-            shutdown_engine(llm)
-            wait_engine_released(procs, stage)
+            release_engine(llm, stage)
 
     def release_all(self) -> None:
         for stage in list(self.engines):

@@ -27,15 +27,13 @@ def main(demo_dir: str, after_thinker: bool = False) -> int:
     from core.stage import make_engine, prepare_device
 
     if after_thinker:
-        from core.pipeline import engine_processes, wait_engine_released
+        from core.pipeline import release_engine
 
         thinker = os.path.join(demo_dir, "thinker")
         tmem = engine_memory_kw(prepare_device("cuda").backend, thinker, max_model_len=256, max_num_seqs=8)
         th = make_engine(thinker, device="cuda", dtype="float32", max_model_len=256, max_num_seqs=8, seed=0, **tmem)
         th.generate(["Hello omni"], SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
-        procs = engine_processes(th)
-        th.llm_engine.engine_core.shutdown()
-        wait_engine_released(procs, "thinker")
+        release_engine(th, "thinker")
         print("thinker engine served and released", flush=True)
     model = os.path.join(demo_dir, "talker")
     t0 = time.perf_counter()

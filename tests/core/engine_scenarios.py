@@ -282,12 +282,10 @@ def payload_lifecycle(talker: str) -> dict:
 
 def shutdown(*engines) -> None:
     """Release each engine (its engine-core process in multiprocess mode) before the next scenario starts."""
-    from core.pipeline import engine_processes, wait_engine_released
+    from core.pipeline import release_engine
 
     for llm in engines:
-        procs = engine_processes(llm)
-        llm.llm_engine.engine_core.shutdown()
-        wait_engine_released(procs, "test")
+        release_engine(llm, "test")
 
 
 def thinker_batch(llm) -> dict:
