@@ -130,13 +130,13 @@ def main() -> None:
             llm = es.omni_engine(thinker)
         rec = record(llm)
         outs = es.collect(llm.generate(prompts, params, use_tqdm=False))
-        rec["max_logprob_diff"] = outs
+        rec["outputs"] = outs
         runs[side] = rec
         llm.llm_engine.engine_core.shutdown()
         del llm
     report = compare(runs["stock"], runs["omni"])
-    report.update(device=args.device, inproc_max_logprob_diff=max_diff(runs["stock"]["max_logprob_diff"],
-                                                                       runs["omni"]["max_logprob_diff"]),
+    report.update(device=args.device, inproc_max_logprob_diff=max_diff(runs["stock"]["outputs"],
+                                                                       runs["omni"]["outputs"]),
                   env={k: os.environ.get(k) for k in (
                       "TRITON_F32_DEFAULT", "VLLM_FLOAT32_MATMUL_PRECISION", "VLLM_BATCH_INVARIANT")})
     if args.multiprocess:
