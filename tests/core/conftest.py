@@ -2,10 +2,11 @@
 
 Engine scenarios run in fresh subprocesses (vLLM engines and the driver
 selection are per process); each scenario runs at most once per session.
-The scenarios of one variant share one process (``engine_scenarios.py suite``:
-stock and omni thinker side by side, talker + code2wav, payloads on the
-default variant), so each engine starts once per variant; the other process
-layout of the omni thinker (multiprocess vs in-process) is a second process.
+The scenarios of one variant run in two processes (``engine_scenarios.py
+suite``, :data:`SUITE_GROUPS`: stock and omni thinker side by side, plus
+payloads on the default variant; talker + code2wav), so each engine starts
+once per variant; the other process layout of the omni thinker (multiprocess
+vs in-process) is a third.
 Off cpu, every variant the selected tests need starts at the beginning of the
 session, all at once (the engines of different variants start concurrently on
 the one device); on cpu they start when first needed, one after another.
