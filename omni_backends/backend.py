@@ -32,6 +32,8 @@ import dataclasses
 import enum
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Iterator, Mapping
 
+from omni_backends.device_lists import parse_generic
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
 
@@ -341,24 +343,28 @@ class Backend(abc.ABC):
         :class:`~omni_backends.errors.OmniBackendError` when no backend is available."""
         return self.dist_backend
 
-    def device_for_rank(self, local_rank: int, world_size: int, env: Mapping[str, str] | None = None,
-                        device_count: int | None = None) -> Any:
-        """The device local rank ``local_rank`` of ``world_size`` binds: an
-        :class:`omni_backends.placement.RankDevice` (visible ``index``, the
-        ``device_id`` behind it, ``env`` for a child that should see only that
-        device, ``dist_backend``). Reads :attr:`visible_devices_env` from ``env``
-        (default ``os.environ``; never written). ``device_count`` defaults to
-        :meth:`device_count` when the variable is unset. Raises
-        :class:`omni_backends.placement.PlacementError` ("needs K devices, only M
-        visible", malformed or duplicated entries)."""
-        import os
+    @classmethod
+    def parse_visible_devices(cls, value: str, env: Mapping[str, str], device_count: int | None = None) -> tuple[str, ...]:
+        """The devices ``visible_devices_env=value`` makes visible: one id per
+        device index, in the runtime's index order (the rank order of
+        :func:`omni_backends.placement.plan`). ``env`` is the rest of the
+        environment (read only; some runtimes read a second variable);
+        ``device_count`` the host's device count when known (ids past it are
+        refused). ``()`` means the value hides every device.
 
-        from omni_backends.placement import device_for_rank
+        Default (:func:`omni_backends.device_lists.parse_generic`): ``""`` hides
+        all; comma-separated entries as written, none empty or repeated. A driver
+        whose runtime has other rules (order, UUIDs, sub-devices) overrides it.
+        Raises :class:`~omni_backends.errors.PlacementError` naming the fix."""
+        return parse_generic(cls.visible_devices_env or "visible devices", value, device_count)
 
-        env = os.environ if env is None else env
-        if device_count is None and self.visible_devices_env is not None and self.visible_devices_env not in env:
-            device_count = self.device_count()
-        return device_for_rank(self, local_rank, world_size, env, device_count)
+    @classmethod
+    def child_env_for_device(cls, device_id: str, env: Mapping[str, str]) -> dict[str, str]:
+        """Variables for a child process that should see only ``device_id`` (an
+        id :meth:`parse_visible_devices` returned; there its index is 0).
+        ``env`` is the parent's environment (read only). Default
+        ``{visible_devices_env: device_id}``; ``{}`` without a variable."""
+        return {cls.visible_devices_env: device_id} if cls.visible_devices_env else {}
 
     # ------------------------------------------------------ forward context
     @abc.abstractmethod

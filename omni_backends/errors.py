@@ -45,6 +45,14 @@ class PlatformMismatchError(OmniBackendError):
     """vLLM resolved a platform other than the one the selected driver needs."""
 
 
+class PlacementError(OmniBackendError):
+    """A rank cannot be given a device of its own (too few visible devices,
+    a malformed or duplicated visible-devices entry, a binding that differs
+    from the mapping, or a different distributed backend). Raised by
+    :mod:`omni_backends.placement` and by a driver's
+    :meth:`~omni_backends.backend.Backend.parse_visible_devices`."""
+
+
 class BadInputError(OmniBackendError, ValueError):
     """A user-supplied value (prompt, voice id, model dir, ...) is invalid."""
 

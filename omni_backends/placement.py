@@ -12,24 +12,13 @@ passed in as a mapping and read, never written (``os.environ`` of the parent
 is not touched), and no module state is kept, so engines started
 concurrently in threads each get their own answer.
 
-Visible-devices syntax, per variable (the rules are keyed by the variable, so
-an out-of-tree driver that uses one of these variables gets the same rules):
-
-``CUDA_VISIBLE_DEVICES``
-    comma-separated GPU ordinals or ``GPU-``/``MIG-`` UUIDs; the listed
-    order *is* the device order (``"1,0"``: index 0 is physical GPU 1).
-    ``""`` or ``"-1"`` hides every GPU.
-``ASCEND_RT_VISIBLE_DEVICES``
-    comma-separated NPU logical ids; CANN accepts them in ascending order
-    only, so a descending list is refused rather than guessed.
-``ZE_AFFINITY_MASK``
-    comma-separated ``device`` or ``device.sub-device`` (``card.tile``)
-    entries. Level Zero filters devices with the mask but keeps its own
-    enumeration order, so entries must be ascending. With
-    ``ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE`` tiles of one card are one device
-    (``"0.0,0.1"`` = one device, card 0 with two tiles); in ``FLAT`` (the
-    default) and ``COMBINED`` mode every tile already is a device with its
-    own flat id and the ``card.tile`` form is refused.
+How a variable's value is read is the driver's rule, not this module's:
+:meth:`~omni_backends.backend.Backend.parse_visible_devices` turns the value
+into device ids in index order (``CUDA_VISIBLE_DEVICES`` in the cuda driver,
+``ASCEND_RT_VISIBLE_DEVICES`` in the npu driver, ``ZE_AFFINITY_MASK`` in the
+xpu driver, a generic comma list for any other driver), and
+:meth:`~omni_backends.backend.Backend.child_env_for_device` says what a child
+process that should see one device gets.
 
 An unset variable means "all devices of the host"; then the caller passes
 the device count (the probe's ``device_count`` in a parent that must not
@@ -40,19 +29,11 @@ A driver without a variable (``cpu``) has one device that every rank shares.
 from __future__ import annotations
 
 import dataclasses
-import re
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+import warnings
+from typing import Any, Callable, Mapping
 
-from omni_backends.errors import OmniBackendError
-
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    from omni_backends.backend import Backend
-
-
-class PlacementError(OmniBackendError):
-    """A rank cannot be given a device of its own (too few visible devices,
-    a malformed or duplicated visible-devices entry, a binding that differs
-    from the mapping, or a different distributed backend)."""
+from omni_backends.backend import Backend
+from omni_backends.errors import PlacementError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,140 +89,6 @@ class RankDevice:
         return d
 
 
-# ------------------------------------------------------------------ parsing
-_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+(/\d+/\d+)?$")
-_ORDINAL = re.compile(r"^\d+$")
-_ZE_ENTRY = re.compile(r"^(\d+)(?:\.(\d+))?$")
-
-
-def _split(variable: str, value: str) -> list[str]:
-    entries = [e.strip() for e in value.split(",")]
-    if any(not e for e in entries):
-        raise PlacementError(f"{variable}={value!r} has an empty entry; list device ids separated by single commas")
-    return entries
-
-
-def _refuse_duplicates(variable: str, value: str, keys: list[str]) -> None:
-    seen: set[str] = set()
-    for k in keys:
-        if k in seen:
-            raise PlacementError(
-                f"{variable}={value!r} lists device {k} twice; two ranks would share it (and the runtime may then "
-                f"hide every device). List each device once."
-            )
-        seen.add(k)
-
-
-def _refuse_descending(variable: str, value: str, ordinals: list[int], why: str) -> None:
-    if ordinals != sorted(ordinals):
-        raise PlacementError(
-            f"{variable}={value!r} is not in ascending order; {why} Write it as "
-            f"{','.join(str(o) for o in sorted(ordinals))!r} and order ranks with the rank index instead."
-        )
-
-
-def _check_range(variable: str, value: str, ordinals: list[int], device_count: int | None) -> None:
-    if device_count is None:
-        return
-    over = [o for o in ordinals if o >= device_count]
-    if over:
-        raise PlacementError(
-            f"{variable}={value!r} names device(s) {', '.join(map(str, over))} but the host has {device_count} "
-            f"(ids 0..{device_count - 1}); fix {variable}."
-        )
-
-
-def _parse_cuda(variable: str, value: str, env: Mapping[str, str], device_count: int | None) -> tuple[str, ...]:
-    if value.strip() in ("", "-1"):
-        return ()
-    entries = _split(variable, value)
-    for e in entries:
-        if not (_ORDINAL.match(e) or _UUID.match(e)):
-            raise PlacementError(
-                f"{variable}={value!r}: entry {e!r} is neither a GPU ordinal nor a GPU-/MIG- UUID (CUDA would "
-                f"silently ignore it and every entry after it); fix {variable}."
-            )
-    keys = [str(int(e)) if _ORDINAL.match(e) else e for e in entries]
-    _refuse_duplicates(variable, value, keys)
-    _check_range(variable, value, [int(k) for k in keys if k.isdigit()], device_count)
-    return tuple(keys)
-
-
-def _parse_ascend(variable: str, value: str, env: Mapping[str, str], device_count: int | None) -> tuple[str, ...]:
-    if value.strip() == "":
-        return ()
-    entries = _split(variable, value)
-    for e in entries:
-        if not _ORDINAL.match(e):
-            raise PlacementError(
-                f"{variable}={value!r}: entry {e!r} is not an NPU id (CANN reads only the ids before it); "
-                f"fix {variable}."
-            )
-    ordinals = [int(e) for e in entries]
-    _refuse_duplicates(variable, value, [str(o) for o in ordinals])
-    _refuse_descending(variable, value, ordinals, "CANN supports only ascending device ids here.")
-    _check_range(variable, value, ordinals, device_count)
-    return tuple(str(o) for o in ordinals)
-
-
-def _parse_ze(variable: str, value: str, env: Mapping[str, str], device_count: int | None) -> tuple[str, ...]:
-    if value.strip() == "":
-        return ()
-    hierarchy = (env.get("ZE_FLAT_DEVICE_HIERARCHY") or "FLAT").strip().upper()
-    entries = _split(variable, value)
-    parsed: list[tuple[int, int | None]] = []
-    for e in entries:
-        m = _ZE_ENTRY.match(e)
-        if not m:
-            raise PlacementError(
-                f"{variable}={value!r}: entry {e!r} is not 'device' or 'device.sub-device' (e.g. 0 or 0.1); "
-                f"fix {variable}."
-            )
-        parsed.append((int(m.group(1)), None if m.group(2) is None else int(m.group(2))))
-    if any(tile is not None for _, tile in parsed) and hierarchy != "COMPOSITE":
-        raise PlacementError(
-            f"{variable}={value!r} uses the card.tile form, which names a tile of a composite device; with "
-            f"ZE_FLAT_DEVICE_HIERARCHY={hierarchy} every tile is a device of its own. List flat device ids "
-            f"(e.g. 0,1), or set ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE."
-        )
-    _refuse_duplicates(variable, value, entries)
-    cards = [card for card, _ in parsed]
-    _refuse_descending(
-        variable, value, cards, "Level Zero keeps its own device order whatever the mask's order, so a "
-        "descending mask would not map ranks the way it reads."
-    )
-    # tiles of one card: the card listed whole and by tile, or one tile twice, is a clash
-    by_card: dict[int, list[int | None]] = {}
-    for card, tile in parsed:
-        tiles = by_card.setdefault(card, [])
-        if tiles and (tile is None or None in tiles):
-            raise PlacementError(
-                f"{variable}={value!r} lists card {card} both whole and by tile; list either the card or its tiles."
-            )
-        tiles.append(tile)
-    _check_range(variable, value, sorted(by_card), device_count)
-    # one device per card: its entries, re-joined (the exact mask to hand a child for that device)
-    return tuple(",".join(str(card) if tile is None else f"{card}.{tile}" for tile in tiles)
-                 for card, tiles in by_card.items())
-
-
-def _parse_generic(variable: str, value: str, env: Mapping[str, str], device_count: int | None) -> tuple[str, ...]:
-    if value.strip() == "":
-        return ()
-    entries = _split(variable, value)
-    _refuse_duplicates(variable, value, entries)
-    _check_range(variable, value, [int(e) for e in entries if _ORDINAL.match(e)], device_count)
-    return tuple(entries)
-
-
-#: visible-devices variable -> parser(variable, value, env, device_count) -> ids in index order
-PARSERS: Mapping[str, Callable[[str, str, Mapping[str, str], int | None], tuple[str, ...]]] = {
-    "CUDA_VISIBLE_DEVICES": _parse_cuda,
-    "ASCEND_RT_VISIBLE_DEVICES": _parse_ascend,
-    "ZE_AFFINITY_MASK": _parse_ze,
-}
-
-
 # ------------------------------------------------------------------ mapping
 def visible_devices(backend: "Backend | type[Backend]", env: Mapping[str, str],
                     device_count: int | None = None) -> VisibleDevices:
@@ -263,8 +110,7 @@ def visible_devices(backend: "Backend | type[Backend]", env: Mapping[str, str],
                 f"(the probe's device_count) or set {variable}."
             )
         return VisibleDevices(tuple(str(i) for i in range(device_count)), variable, None)
-    parse = PARSERS.get(variable, _parse_generic)
-    return VisibleDevices(parse(variable, value, env, device_count), variable, value)
+    return VisibleDevices(backend.parse_visible_devices(value, env, device_count), variable, value)
 
 
 def _need(backend: "Backend | type[Backend]", world_size: int, visible: VisibleDevices) -> None:
@@ -279,10 +125,9 @@ def _need(backend: "Backend | type[Backend]", world_size: int, visible: VisibleD
 
 
 def _dist_backend(backend: "Backend | type[Backend]") -> str:
-    method = getattr(backend, "distributed_backend", None)
-    if callable(method) and not isinstance(backend, type):
-        return method()
-    return backend.dist_backend
+    """The instance's :meth:`~omni_backends.backend.Backend.distributed_backend`
+    (it may depend on the installed stack); a class's ``dist_backend`` attribute."""
+    return backend.dist_backend if isinstance(backend, type) else backend.distributed_backend()
 
 
 def device_for_rank(backend: "Backend | type[Backend]", local_rank: int, world_size: int,
@@ -303,9 +148,7 @@ def device_for_rank(backend: "Backend | type[Backend]", local_rank: int, world_s
     if not visible.exclusive:
         return RankDevice(local_rank, 0, visible.ids[0], {}, backend.device_type, _dist_backend(backend))
     device_id = visible.ids[local_rank]
-    child_env = {visible.variable: device_id} if visible.variable else {}
-    if visible.variable == "ZE_AFFINITY_MASK" and "ZE_FLAT_DEVICE_HIERARCHY" in env:
-        child_env["ZE_FLAT_DEVICE_HIERARCHY"] = env["ZE_FLAT_DEVICE_HIERARCHY"]
+    child_env = backend.child_env_for_device(device_id, env)
     return RankDevice(local_rank, local_rank, device_id, child_env, backend.device_type, _dist_backend(backend))
 
 
@@ -392,8 +235,29 @@ def distributed_backend_in_use() -> str | None:
     return str(dist.get_backend())
 
 
+def _deprecated_parsers() -> Mapping[str, Callable[[str, str, Mapping[str, str], int | None], tuple[str, ...]]]:
+    """The pre-issue-23 ``PARSERS`` table (variable -> ``parse(variable, value, env, device_count)``), now
+    answered by each in-tree driver's :meth:`~omni_backends.backend.Backend.parse_visible_devices`."""
+    from omni_backends.ascend.driver import AscendBackend
+    from omni_backends.cuda.driver import CudaBackend
+    from omni_backends.xpu.driver import XpuBackend
+
+    def parser(cls: type[Backend]) -> Callable[[str, str, Mapping[str, str], int | None], tuple[str, ...]]:
+        return lambda variable, value, env, device_count: cls.parse_visible_devices(value, env, device_count)
+
+    return {str(cls.visible_devices_env): parser(cls) for cls in (CudaBackend, AscendBackend, XpuBackend)}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PARSERS":
+        warnings.warn("omni_backends.placement.PARSERS is deprecated: each driver parses its own variable "
+                      "(Backend.parse_visible_devices); it will be removed in the next release",
+                      DeprecationWarning, stacklevel=2)
+        return _deprecated_parsers()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
-    "PARSERS",
     "PlacementError",
     "RankDevice",
     "VisibleDevices",

@@ -171,10 +171,21 @@ def test_fence_buffer_rejects_unpinned_and_host_device():
         b.fence_buffer(types.SimpleNamespace(cpu=torch.zeros(4), gpu=torch.zeros(4)))
 
 
-@pytest.mark.parametrize(
-    "visible,present,want",
-    [("", 2, 0), ("-1", 2, 0), ("0", 2, 1), ("1,0", 2, 2), ("0,5,1", 2, 1), ("0,0", 2, 1), (" 1 , 0 ", 2, 2),
-     ("GPU-3f2a,1", 2, 2), ("x", 2, 0), ("2", 2, 0)],
-)
-def test_visible_gpu_count(visible, present, want):
-    assert cuda_driver.visible_gpu_count(visible, present) == want
+@pytest.mark.parametrize("visible", ["0,0", "0,5,1", "x", "2", "0,-1,1", "0,,1", " 1 , 0 ", "GPU-3f2a,1", "1,0", "-1", ""])
+def test_probe_and_placement_read_cuda_visible_devices_alike(monkeypatch, visible):
+    """One parser: what the probe counts is what placement maps ranks over, and a list
+    placement refuses is not usable for the probe (before, the probe read CUDA's lenient
+    prefix rule: "0,0" or "0,5,1" probed usable with one GPU, then placement refused them)."""
+    from omni_backends.placement import PlacementError, visible_devices
+
+    r = _probe_with(monkeypatch, vllm="0.33.0", gpus=2, visible=visible)
+    try:
+        ids = visible_devices(CudaBackend, {"CUDA_VISIBLE_DEVICES": visible}, device_count=2).ids
+    except PlacementError as exc:
+        assert r.state is ProbeState.IMPORTABLE and r.device_count == 0
+        assert str(exc) in r.reason and "(2 present)" in r.reason and "below 2" in r.fix
+        return
+    if ids:
+        assert r.state is ProbeState.USABLE and r.device_count == len(ids)
+    else:
+        assert r.state is ProbeState.IMPORTABLE and "hides every GPU" in r.reason

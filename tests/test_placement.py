@@ -51,8 +51,9 @@ def test_instance_distributed_backend_method_wins_over_the_class_attribute():
             return "ccl"
 
     assert device_for_rank(CclXpu(load_vendor=False), 0, 1, {XPU: "0"}).dist_backend == "ccl"
-    assert CpuBackend().device_for_rank(1, 2, env={}).dist_backend == "gloo"
-    assert AscendBackend(load_vendor=False).device_for_rank(0, 1, env={NPU: "3"}).device_id == "3"
+    assert device_for_rank(CclXpu, 0, 1, {XPU: "0"}).dist_backend == "xccl"  # a class: its attribute
+    assert device_for_rank(CpuBackend(), 1, 2, env={}).dist_backend == "gloo"
+    assert device_for_rank(AscendBackend(load_vendor=False), 0, 1, env={NPU: "3"}).device_id == "3"
 
 
 # ------------------------------------------------------------------ CUDA_VISIBLE_DEVICES
@@ -273,3 +274,73 @@ def test_worker_binding_under_an_executor_that_assigns_devices_checks_the_type_o
     assert got.device_type == "cuda"
     with pytest.raises(PlacementError, match="is bound to cpu"):
         check_worker_binding(_TwoGpus(), 0, 1, torch.device("cpu"), env, check_index=False)
+
+
+# ------------------------------------------------------------------ the rules live in the drivers
+def test_an_out_of_tree_driver_brings_its_own_rules_without_editing_placement():
+    """A driver with a variable placement has never heard of parses it itself (here: ids
+    written ``dev<N>``) and says what a child gets; placement only maps ranks."""
+    from omni_backends.errors import PlacementError as ErrorsPlacementError
+
+    class Oot(CpuBackend):
+        name = "oot"
+        visible_devices_env = "OOT_VISIBLE"
+
+        @classmethod
+        def parse_visible_devices(cls, value, env, device_count=None):
+            ids = tuple(e.removeprefix("dev") for e in value.split(","))
+            if not all(i.isdigit() for i in ids):
+                raise ErrorsPlacementError(f"OOT_VISIBLE={value!r}: write dev<N>")
+            return ids
+
+        @classmethod
+        def child_env_for_device(cls, device_id, env):
+            return {"OOT_VISIBLE": f"dev{device_id}", "OOT_MODE": env.get("OOT_MODE", "flat")}
+
+    r0, r1 = plan(Oot, 2, {"OOT_VISIBLE": "dev3,dev1", "OOT_MODE": "tiles"})
+    assert (r0.device_id, dict(r0.env)) == ("3", {"OOT_VISIBLE": "dev3", "OOT_MODE": "tiles"})
+    assert (r1.index, r1.device_id) == (1, "1")
+    with pytest.raises(PlacementError, match="write dev<N>"):
+        plan(Oot, 1, {"OOT_VISIBLE": "gpu3"})
+
+
+def test_a_driver_without_its_own_parser_gets_the_generic_rules():
+    class Generic(CpuBackend):
+        name = "generic"
+        visible_devices_env = "GENERIC_VISIBLE"
+
+    assert ids(Generic, 2, {"GENERIC_VISIBLE": "a7, 2"}) == ["a7", "2"]
+    assert visible_devices(Generic, {"GENERIC_VISIBLE": ""}).ids == ()
+    with pytest.raises(PlacementError, match="lists device 2 twice"):
+        plan(Generic, 1, {"GENERIC_VISIBLE": "2,2"})
+    with pytest.raises(PlacementError, match=r"names device\(s\) 5 but the host has 4"):
+        plan(Generic, 1, {"GENERIC_VISIBLE": "5"}, device_count=4)
+
+
+def test_each_driver_parses_its_own_variable():
+    """One home per rule: the driver classes answer; placement holds no per-variable table."""
+    import omni_backends.placement as placement
+
+    assert CudaBackend.parse_visible_devices("GPU-ab12,01", {}) == ("GPU-ab12", "1")
+    assert AscendBackend.parse_visible_devices("1, 4", {}) == ("1", "4")
+    assert XpuBackend.parse_visible_devices("0.0,0.1", {HIER: "COMPOSITE"}) == ("0.0,0.1",)
+    assert XpuBackend.child_env_for_device("2", {HIER: "COMPOSITE"}) == {XPU: "2", HIER: "COMPOSITE"}
+    assert CudaBackend.child_env_for_device("1", {HIER: "COMPOSITE"}) == {CUDA: "1"}
+    assert CpuBackend.child_env_for_device("0", {}) == {}
+    assert not [n for n in vars(placement) if n.startswith("_parse")]
+    with pytest.deprecated_call():
+        parsers = placement.PARSERS  # one release of deprecation for the old table
+    assert parsers[CUDA](CUDA, "1,0", {}, None) == ("1", "0")
+
+
+def test_placement_and_backend_import_one_way():
+    """backend.py never imports placement (at module level or inside a function): no circle."""
+    import ast
+    import pathlib
+
+    import omni_backends.backend as backend
+
+    tree = ast.parse(pathlib.Path(backend.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "omni_backends.placement" not in imported

@@ -37,11 +37,12 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Any, Callable, ClassVar, ContextManager
+from typing import Any, Callable, ClassVar, ContextManager, Mapping
 
 from omni_backends.backend import Backend, Capabilities, ProbeResult, ProbeState, Verification
 from omni_backends.binding import VendorSymbol
-from omni_backends.errors import OmniBackendError
+from omni_backends.device_lists import ORDINAL, check_range, refuse_descending, refuse_duplicates, split_entries
+from omni_backends.errors import OmniBackendError, PlacementError
 from omni_backends.probing import device_nodes, find_shared_library, install_hint, version_mismatches, versions_of
 from omni_backends.torch_device import TorchAcceleratorOps
 from omni_backends.vllm_upstream import CPU_GPU_BUFFER, CUDAGRAPH_MODE, VllmUpstreamBindings, install_one_token_greedy
@@ -294,6 +295,29 @@ class AscendBackend(TorchAcceleratorOps, Backend):
                                versions, device_count=count)
         except Exception as exc:  # a probe never raises
             return ProbeResult(ProbeState.NOT_INSTALLED, f"probe failed: {exc}", {}, error=repr(exc))
+
+    @classmethod
+    def parse_visible_devices(cls, value: str, env: Mapping[str, str], device_count: int | None = None) -> tuple[str, ...]:
+        """``ASCEND_RT_VISIBLE_DEVICES``: comma-separated NPU logical ids; ``""``
+        hides every NPU. CANN accepts them in ascending order only, so a
+        descending list is refused rather than guessed. Raises
+        :class:`~omni_backends.errors.PlacementError` for a non-numeric, empty or
+        repeated entry, a descending list, or an id ``>= device_count``."""
+        variable = cls.visible_devices_env or "ASCEND_RT_VISIBLE_DEVICES"
+        if value.strip() == "":
+            return ()
+        entries = split_entries(variable, value)
+        for e in entries:
+            if not ORDINAL.match(e):
+                raise PlacementError(
+                    f"{variable}={value!r}: entry {e!r} is not an NPU id (CANN reads only the ids before it); "
+                    f"fix {variable}."
+                )
+        ordinals = [int(e) for e in entries]
+        refuse_duplicates(variable, value, [str(o) for o in ordinals])
+        refuse_descending(variable, value, ordinals, "CANN supports only ascending device ids here.")
+        check_range(variable, value, ordinals, device_count)
+        return tuple(str(o) for o in ordinals)
 
     def capabilities(self) -> Capabilities:
         return Capabilities(

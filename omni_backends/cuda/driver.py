@@ -37,11 +37,13 @@ never rewritten while the copy reads it, because the buffer's host side
 from __future__ import annotations
 
 import os
-from typing import Any, ClassVar, ContextManager
+import re
+from typing import Any, ClassVar, ContextManager, Mapping
 
 from omni_backends.backend import Backend, Capabilities, ProbeResult, ProbeState, Verification
 from omni_backends.binding import VendorSymbol
-from omni_backends.errors import OmniBackendError
+from omni_backends.device_lists import ORDINAL, check_range, refuse_duplicates, split_entries
+from omni_backends.errors import OmniBackendError, PlacementError
 from omni_backends.probing import dist_version, module_findable, version_mismatches, versions_of
 from omni_backends.torch_device import FencedHostBuffer, TorchAcceleratorOps, TorchCpuGpuBuffer, copy_host_to_device
 from omni_backends.vllm_upstream import VllmUpstreamBindings
@@ -93,27 +95,8 @@ def nvidia_gpu_count() -> tuple[int, str]:
         return 0, how
 
 
-def visible_gpu_count(visible: str, present: int) -> int:
-    """GPUs a CUDA process will see under ``CUDA_VISIBLE_DEVICES=visible`` when ``present`` exist.
-
-    CUDA's rule: comma-separated indices or ``GPU-``/``MIG-`` UUIDs, read up to
-    the first invalid entry (an index out of range, a negative number, an
-    unparsable one); duplicates make the list invalid from there on. UUIDs
-    are counted as valid (checking them needs NVML handles).
-    """
-    seen: set[str] = set()
-    for raw in visible.split(","):
-        entry = raw.strip()
-        if entry.startswith(("GPU-", "MIG-")):
-            key = entry
-        elif entry.isdigit() and int(entry) < present:
-            key = str(int(entry))
-        else:
-            break
-        if key in seen:
-            break
-        seen.add(key)
-    return len(seen)
+#: a ``GPU-``/``MIG-`` UUID entry of ``CUDA_VISIBLE_DEVICES`` (``MIG-<uuid>/<gi>/<ci>`` included)
+CUDA_DEVICE_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+(/\d+/\d+)?$")
 
 
 #: vLLM releases the driver (and the core's seams, ``core.model_state``) supports: 0.26 (torch 2.11, the newest
@@ -162,7 +145,12 @@ class CudaBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
                                    versions, fix="run on a machine with an NVIDIA GPU and its driver loaded")
             visible = os.environ.get(cls.visible_devices_env or "", None)
             if visible is not None:
-                shown = visible_gpu_count(visible, count)
+                try:
+                    shown = len(cls.parse_visible_devices(visible, os.environ, count))
+                except PlacementError as exc:  # the list the ranks would be placed by is refused
+                    return ProbeResult(ProbeState.IMPORTABLE, f"{exc} ({count} present)", versions,
+                                       fix=f"unset CUDA_VISIBLE_DEVICES or list GPU indices below {count} (or GPU-/MIG- "
+                                           "UUIDs), each once, separated by single commas", device_count=0)
                 if shown == 0:
                     return ProbeResult(ProbeState.IMPORTABLE,
                                        f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU ({count} present)", versions,
@@ -172,6 +160,33 @@ class CudaBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
                                versions, device_count=count)
         except Exception as exc:  # a probe never raises
             return ProbeResult(ProbeState.NOT_INSTALLED, f"probe failed: {exc}", {}, error=repr(exc))
+
+    @classmethod
+    def parse_visible_devices(cls, value: str, env: Mapping[str, str], device_count: int | None = None) -> tuple[str, ...]:
+        """``CUDA_VISIBLE_DEVICES``: comma-separated GPU ordinals or ``GPU-``/``MIG-``
+        UUIDs; the listed order *is* the device order (``"1,0"``: index 0 is
+        physical GPU 1); ``""`` or ``"-1"`` hides every GPU. Returns the ordinals
+        normalised (``"01"`` -> ``"1"``) and the UUIDs as written.
+
+        CUDA itself reads the list up to its first invalid entry and silently
+        drops the rest; this driver refuses such a list instead of guessing.
+        Raises :class:`~omni_backends.errors.PlacementError` for an entry that is
+        neither an ordinal nor a UUID (``"-1"`` inside a list included), an empty
+        entry, a GPU listed twice, or an ordinal ``>= device_count``."""
+        variable = cls.visible_devices_env or "CUDA_VISIBLE_DEVICES"
+        if value.strip() in ("", "-1"):
+            return ()
+        entries = split_entries(variable, value)
+        for e in entries:
+            if not (ORDINAL.match(e) or CUDA_DEVICE_UUID.match(e)):
+                raise PlacementError(
+                    f"{variable}={value!r}: entry {e!r} is neither a GPU ordinal nor a GPU-/MIG- UUID (CUDA would "
+                    f"silently ignore it and every entry after it); fix {variable}."
+                )
+        keys = [str(int(e)) if ORDINAL.match(e) else e for e in entries]
+        refuse_duplicates(variable, value, keys)
+        check_range(variable, value, [int(k) for k in keys if k.isdigit()], device_count)
+        return tuple(keys)
 
     # --------------------------------------------------------- capabilities
     def capabilities(self) -> Capabilities:

@@ -32,11 +32,13 @@ and on simulated devices (``tests/simulated/``); never on an Intel GPU.
 from __future__ import annotations
 
 import os
-from typing import Any, ClassVar, ContextManager
+import re
+from typing import Any, ClassVar, ContextManager, Mapping
 
 from omni_backends.backend import Backend, Capabilities, ProbeResult, ProbeState, Verification
 from omni_backends.binding import VendorSymbol
-from omni_backends.errors import OmniBackendError
+from omni_backends.device_lists import check_range, refuse_descending, refuse_duplicates, split_entries
+from omni_backends.errors import OmniBackendError, PlacementError
 from omni_backends.probing import (
     device_nodes,
     dist_version,
@@ -80,6 +82,12 @@ XPU_GRAPH_POOL_HANDLE = VendorSymbol("torch.xpu", "graph_pool_handle", required=
 XCCL_AVAILABLE = VendorSymbol("torch.distributed", "is_xccl_available", required=(), dist="torch")
 ONECCL_BINDINGS = VendorSymbol("oneccl_bindings_for_pytorch", "", dist="oneccl_bind_pt", kind="module")
 IPEX = VendorSymbol("intel_extension_for_pytorch", "", dist="intel-extension-for-pytorch", kind="module")
+
+
+#: one ``ZE_AFFINITY_MASK`` entry: ``device`` or ``device.sub-device`` (``card.tile``)
+ZE_MASK_ENTRY = re.compile(r"^(\d+)(?:\.(\d+))?$")
+#: Level Zero's device-hierarchy variable (``FLAT`` by default, ``COMPOSITE``, ``COMBINED``)
+ZE_HIERARCHY = "ZE_FLAT_DEVICE_HIERARCHY"
 
 
 def xpu_graphs_supported() -> bool:
@@ -181,6 +189,69 @@ class XpuBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
                                device_count=count)
         except Exception as exc:  # a probe never raises
             return ProbeResult(ProbeState.NOT_INSTALLED, f"probe failed: {exc}", {}, error=repr(exc))
+
+    @classmethod
+    def parse_visible_devices(cls, value: str, env: Mapping[str, str], device_count: int | None = None) -> tuple[str, ...]:
+        """``ZE_AFFINITY_MASK``: comma-separated ``device`` or ``device.sub-device``
+        (``card.tile``) entries; ``""`` hides every device. Level Zero filters
+        devices with the mask but keeps its own enumeration order, so entries
+        must be ascending. With ``ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE`` (read from
+        ``env``) tiles of one card are one device: ``"0.0,0.1"`` is one device,
+        returned as the id ``"0.0,0.1"`` (the exact mask a child for that device
+        gets); in ``FLAT`` (the default) and ``COMBINED`` mode every tile already
+        is a device with its own flat id and the ``card.tile`` form is refused.
+
+        Raises :class:`~omni_backends.errors.PlacementError` for a malformed,
+        empty or repeated entry, ``card.tile`` outside COMPOSITE, a card listed
+        both whole and by tile, a descending mask, or a card ``>= device_count``."""
+        variable = cls.visible_devices_env or "ZE_AFFINITY_MASK"
+        if value.strip() == "":
+            return ()
+        hierarchy = (env.get(ZE_HIERARCHY) or "FLAT").strip().upper()
+        entries = split_entries(variable, value)
+        parsed: list[tuple[int, int | None]] = []
+        for e in entries:
+            m = ZE_MASK_ENTRY.match(e)
+            if not m:
+                raise PlacementError(
+                    f"{variable}={value!r}: entry {e!r} is not 'device' or 'device.sub-device' (e.g. 0 or 0.1); "
+                    f"fix {variable}."
+                )
+            parsed.append((int(m.group(1)), None if m.group(2) is None else int(m.group(2))))
+        if any(tile is not None for _, tile in parsed) and hierarchy != "COMPOSITE":
+            raise PlacementError(
+                f"{variable}={value!r} uses the card.tile form, which names a tile of a composite device; with "
+                f"{ZE_HIERARCHY}={hierarchy} every tile is a device of its own. List flat device ids "
+                f"(e.g. 0,1), or set {ZE_HIERARCHY}=COMPOSITE."
+            )
+        refuse_duplicates(variable, value, entries)
+        cards = [card for card, _ in parsed]
+        refuse_descending(
+            variable, value, cards, "Level Zero keeps its own device order whatever the mask's order, so a "
+            "descending mask would not map ranks the way it reads."
+        )
+        # tiles of one card: the card listed whole and by tile, or one tile twice, is a clash
+        by_card: dict[int, list[int | None]] = {}
+        for card, tile in parsed:
+            tiles = by_card.setdefault(card, [])
+            if tiles and (tile is None or None in tiles):
+                raise PlacementError(
+                    f"{variable}={value!r} lists card {card} both whole and by tile; list either the card or its tiles."
+                )
+            tiles.append(tile)
+        check_range(variable, value, sorted(by_card), device_count)
+        # one device per card: its entries, re-joined (the exact mask to hand a child for that device)
+        return tuple(",".join(str(card) if tile is None else f"{card}.{tile}" for tile in tiles)
+                     for card, tiles in by_card.items())
+
+    @classmethod
+    def child_env_for_device(cls, device_id: str, env: Mapping[str, str]) -> dict[str, str]:
+        """``{"ZE_AFFINITY_MASK": device_id}``, plus the parent's
+        ``ZE_FLAT_DEVICE_HIERARCHY`` when set (the mask's meaning depends on it)."""
+        out = {cls.visible_devices_env or "ZE_AFFINITY_MASK": device_id}
+        if ZE_HIERARCHY in env:
+            out[ZE_HIERARCHY] = env[ZE_HIERARCHY]
+        return out
 
     def capabilities(self) -> Capabilities:
         graphs = xpu_graphs_supported()
