@@ -26,6 +26,7 @@ import wave
 from typing import Any, Callable
 
 from core.kinds import AR, GENERATION
+from core.stage import GRAPH_MODES, RUNNERS, check_engine_choices
 from omni_backends.binding import VendorSymbol
 from omni_backends.engine_memory import engine_memory_kw
 from omni_backends.errors import BadInputError
@@ -34,9 +35,6 @@ STAGES = ("thinker", "talker", "code2wav")
 #: engine settings shared by the three stages on every device. fp32: the demo weights are fp32 and the talker's
 #: codes must equal the plain-PyTorch reference (vLLM's ``dtype="auto"`` would run an fp32 checkpoint in bf16).
 ENGINE_KW: dict[str, Any] = dict(dtype="float32", max_num_seqs=8)
-#: graph modes a user can ask for (``--graph-mode``), vLLM's ``CUDAGraphMode`` names
-GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
-RUNNERS = ("auto", "v1", "v2")
 THINKER_MAX_MODEL_LEN = 512
 TALKER_MAX_MODEL_LEN = 1024
 
@@ -141,54 +139,6 @@ def device_defaults(cfg: RunConfig, backend: Any) -> RunConfig:
         multiprocess=graphs if cfg.multiprocess is None else cfg.multiprocess,
         enforce_eager=(not graphs) if cfg.enforce_eager is None else cfg.enforce_eager,
     )
-
-
-def check_engine_choices(cfg: RunConfig, backend: Any, env: Any = None, graph_source: str = "--graph-mode") -> str:
-    """Refuse, before an engine starts, a model runner or graph mode the driver cannot run.
-
-    - runner: ``cfg.runner`` (``v1``/``v2``), else ``VLLM_USE_V2_MODEL_RUNNER``
-      when set, against ``capabilities().v1_runner`` / ``v2_runner``;
-    - graph mode: ``cfg.graph_mode`` against ``capabilities().static_graph_modes``
-      (``NONE`` is always possible), and not together with ``enforce_eager``.
-
-    Returns the runner the engines will be asked for (``v1``, ``v2`` or
-    ``auto``). Raises :class:`BadInputError` naming the fix.
-    """
-    env = os.environ if env is None else env
-    caps = backend.capabilities()
-    if cfg.runner not in RUNNERS:
-        raise BadInputError(f"--runner must be one of {', '.join(RUNNERS)}, got {cfg.runner!r}")
-    runner, source = cfg.runner, "--runner"
-    raw = env.get("VLLM_USE_V2_MODEL_RUNNER")
-    if runner == "auto" and raw is not None and raw.strip() != "":
-        if raw.strip().lower() not in ("0", "1", "true", "false"):
-            raise BadInputError(f"VLLM_USE_V2_MODEL_RUNNER={raw!r} is not 0 or 1; unset it or use --runner v1|v2")
-        runner, source = ("v2" if raw.strip().lower() in ("1", "true") else "v1"), f"VLLM_USE_V2_MODEL_RUNNER={raw}"
-    if runner == "v2" and not caps.v2_runner:
-        raise BadInputError(
-            f"{source} asks for vLLM's V2 model runner but the {backend.name} driver cannot run it "
-            f"(capabilities().v2_runner is False); use --runner v1 or unset VLLM_USE_V2_MODEL_RUNNER"
-        )
-    if runner == "v1" and not caps.v1_runner:
-        raise BadInputError(
-            f"{source} asks for vLLM's V1 model runner but the {backend.name} driver cannot run it "
-            f"(capabilities().v1_runner is False); use --runner v2 or unset VLLM_USE_V2_MODEL_RUNNER"
-        )
-    if cfg.graph_mode is not None:
-        mode = cfg.graph_mode.strip().upper()
-        if mode not in GRAPH_MODES:
-            raise BadInputError(f"{graph_source} must be one of {', '.join(GRAPH_MODES)}, got {cfg.graph_mode!r}")
-        supported = tuple(caps.static_graph_modes)
-        if mode != "NONE" and mode not in supported:
-            raise BadInputError(
-                f"{graph_source} {mode} is not supported by the {backend.name} driver (it captures "
-                f"{', '.join(supported) if supported else 'no graphs'}); "
-                + (f"use one of {', '.join(supported)} or NONE" if supported else f"drop {graph_source} or use NONE")
-            )
-        if mode != "NONE" and cfg.enforce_eager:
-            raise BadInputError(f"{graph_source} {mode} needs graphs but enforce_eager (--enforce-eager) turns them off; "
-                                "drop one of them")
-    return runner
 
 
 def engine_kw(cfg: RunConfig) -> dict[str, Any]:

@@ -1,17 +1,21 @@
 """Build a vLLM engine that runs one omni stage through the core runner.
 
 :func:`make_engine` selects the driver first (so a bad ``--device`` fails
-before vLLM is imported or started), makes vLLM resolve the matching
-platform, then builds ``vllm.LLM`` with the omni worker and scheduler and
-attaches the omni front end.
+before vLLM is imported or started), refuses engine arguments and engine
+choices (model runner, graph mode) the driver cannot run, makes vLLM resolve
+the matching platform, then builds ``vllm.LLM`` with the omni worker and
+scheduler and attaches the omni front end. The checks live here, with the
+factory; the demo app's options (``omni-backends run``) are checked with them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Any
+from typing import Any, Mapping
 
 from core.kinds import AR, GENERATION, KINDS
+from omni_backends.errors import BadInputError
 from omni_backends.placement import check_engine_fits
 from omni_backends.registry import Selection, select
 
@@ -74,6 +78,86 @@ def check_engine_args(engine_kwargs: dict[str, Any]) -> None:
             raise ValueError(f"make_engine: {name} must be {rng} ({what}), got {value}")
 
 
+#: graph modes an engine can be asked for (``compilation_config.cudagraph_mode``, ``--graph-mode``): vLLM's
+#: ``CUDAGraphMode`` names
+GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+#: model runners an engine can be asked for: ``v1`` / ``v2`` (``VLLM_USE_V2_MODEL_RUNNER``), ``auto`` = vLLM's choice
+RUNNERS = ("auto", "v1", "v2")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineChoices:
+    """The engine choices :func:`check_engine_choices` checks against a driver.
+
+    ``runner``: one of :data:`RUNNERS`; ``graph_mode``: one of :data:`GRAPH_MODES`
+    (any case) or ``None`` (vLLM's default); ``enforce_eager``: vLLM's
+    ``enforce_eager`` (``None`` counts as off). The demo app's ``RunConfig``
+    carries the same three fields and is checked as it is.
+    """
+
+    runner: str = "auto"
+    graph_mode: str | None = None
+    enforce_eager: bool | None = False
+
+
+def check_engine_choices(choices: EngineChoices, backend: Any, env: Mapping[str, str] | None = None,
+                         graph_source: str = "--graph-mode") -> str:
+    """Refuse, before an engine starts, a model runner or graph mode the driver cannot run.
+
+    ``choices``: an :class:`EngineChoices`, or any object with its three
+    attributes (the demo app's ``RunConfig``); ``backend``: the selected
+    driver (reads ``name`` and ``capabilities()``); ``env``: where
+    ``VLLM_USE_V2_MODEL_RUNNER`` is read (default ``os.environ``);
+    ``graph_source``: how the messages name the graph mode (the flag or the
+    argument the caller was given).
+
+    - runner: ``choices.runner`` (``v1``/``v2``), else ``VLLM_USE_V2_MODEL_RUNNER``
+      when set, against ``capabilities().v1_runner`` / ``v2_runner``;
+    - graph mode: ``choices.graph_mode`` against ``capabilities().static_graph_modes``
+      (``NONE`` is always possible), and not together with ``enforce_eager``.
+
+    Returns the runner the engines will be asked for (``v1``, ``v2`` or
+    ``auto``). Imports nothing. Raises
+    :class:`~omni_backends.errors.BadInputError` naming the fix.
+    """
+    env = os.environ if env is None else env
+    caps = backend.capabilities()
+    if choices.runner not in RUNNERS:
+        raise BadInputError(f"--runner must be one of {', '.join(RUNNERS)}, got {choices.runner!r}")
+    runner, source = choices.runner, "--runner"
+    raw = env.get("VLLM_USE_V2_MODEL_RUNNER")
+    if runner == "auto" and raw is not None and raw.strip() != "":
+        if raw.strip().lower() not in ("0", "1", "true", "false"):
+            raise BadInputError(f"VLLM_USE_V2_MODEL_RUNNER={raw!r} is not 0 or 1; unset it or use --runner v1|v2")
+        runner, source = ("v2" if raw.strip().lower() in ("1", "true") else "v1"), f"VLLM_USE_V2_MODEL_RUNNER={raw}"
+    if runner == "v2" and not caps.v2_runner:
+        raise BadInputError(
+            f"{source} asks for vLLM's V2 model runner but the {backend.name} driver cannot run it "
+            f"(capabilities().v2_runner is False); use --runner v1 or unset VLLM_USE_V2_MODEL_RUNNER"
+        )
+    if runner == "v1" and not caps.v1_runner:
+        raise BadInputError(
+            f"{source} asks for vLLM's V1 model runner but the {backend.name} driver cannot run it "
+            f"(capabilities().v1_runner is False); use --runner v2 or unset VLLM_USE_V2_MODEL_RUNNER"
+        )
+    if choices.graph_mode is not None:
+        mode = choices.graph_mode.strip().upper()
+        if mode not in GRAPH_MODES:
+            raise BadInputError(f"{graph_source} must be one of {', '.join(GRAPH_MODES)}, "
+                                f"got {choices.graph_mode!r}")
+        supported = tuple(caps.static_graph_modes)
+        if mode != "NONE" and mode not in supported:
+            raise BadInputError(
+                f"{graph_source} {mode} is not supported by the {backend.name} driver (it captures "
+                f"{', '.join(supported) if supported else 'no graphs'}); "
+                + (f"use one of {', '.join(supported)} or NONE" if supported else f"drop {graph_source} or use NONE")
+            )
+        if mode != "NONE" and choices.enforce_eager:
+            raise BadInputError(f"{graph_source} {mode} needs graphs but enforce_eager (--enforce-eager) turns them off; "
+                                "drop one of them")
+    return runner
+
+
 def make_engine(model: str, *, kind: str = AR, device: str | None = None, **engine_kwargs: Any) -> Any:
     """A ``vllm.LLM`` for ``model`` whose workers run the omni runner of ``kind``.
 
@@ -87,7 +171,7 @@ def make_engine(model: str, *, kind: str = AR, device: str | None = None, **engi
     :class:`~omni_backends.errors.VendorImportError` naming it. A model runner
     (``VLLM_USE_V2_MODEL_RUNNER``) or a ``compilation_config`` ``cudagraph_mode``
     the driver cannot run is :class:`~omni_backends.errors.BadInputError` before
-    vLLM starts (``core.pipeline.check_engine_choices``).
+    vLLM starts (:func:`check_engine_choices`).
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -99,12 +183,10 @@ def make_engine(model: str, *, kind: str = AR, device: str | None = None, **engi
     with blame_import_failures():
         sel = prepare_device(device)
         check_engine_fits(sel, engine_kwargs, os.environ)  # "needs K devices, only M visible" before any worker starts
-        from core.pipeline import RunConfig, check_engine_choices
-
         cc = engine_kwargs.get("compilation_config")
         mode = cc.get("cudagraph_mode") if isinstance(cc, dict) else getattr(cc, "cudagraph_mode", None)
-        check_engine_choices(RunConfig(graph_mode=None if mode is None else str(getattr(mode, "name", mode)),
-                                       enforce_eager=bool(engine_kwargs.get("enforce_eager"))), sel.backend,
+        check_engine_choices(EngineChoices(graph_mode=None if mode is None else str(getattr(mode, "name", mode)),
+                                           enforce_eager=bool(engine_kwargs.get("enforce_eager"))), sel.backend,
                              graph_source="compilation_config cudagraph_mode")
         from vllm import LLM
 

@@ -160,8 +160,12 @@ def test_make_engine_refuses_a_runner_or_graph_mode_the_driver_cannot_run_before
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode != 0, "with a runner the driver can run, the first call reaches vLLM (no model there)"
     env.pop("VLLM_USE_V2_MODEL_RUNNER")
-    code_full = code.replace("for kw in ({}, {'compilation_config': {'cudagraph_mode': 'FULL'}}):",
-                             "for kw in ({'compilation_config': {'cudagraph_mode': 'FULL'}},):")
-    p = subprocess.run([sys.executable, "-c", code_full], capture_output=True, text=True, env=env, timeout=120)
-    (err,) = [line for line in p.stdout.splitlines() if line.startswith("ERR")]
-    assert "compilation_config cudagraph_mode FULL is not supported by the cpu driver (it captures no graphs)" in err
+    code_modes = code.replace("for kw in ({}, {'compilation_config': {'cudagraph_mode': 'FULL'}}):",
+                              "for kw in ({'compilation_config': {'cudagraph_mode': 'FULL'}},"
+                              " {'compilation_config': {'cudagraph_mode': 'sometimes'}}):")
+    p = subprocess.run([sys.executable, "-c", code_modes], capture_output=True, text=True, env=env, timeout=120)
+    full, unknown = [line for line in p.stdout.splitlines() if line.startswith("ERR")]
+    assert "compilation_config cudagraph_mode FULL is not supported by the cpu driver (it captures no graphs)" in full
+    # an unknown mode is named as the argument make_engine was given, not as the demo app's --graph-mode flag
+    assert "ERR compilation_config cudagraph_mode must be one of NONE, PIECEWISE, FULL" in unknown, unknown
+    assert "--graph-mode" not in unknown, unknown
