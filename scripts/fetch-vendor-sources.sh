@@ -9,7 +9,7 @@
 # Writes CACHE_DIR/env.sh; source it to point the tests at the files:
 #   OMNI_BACKENDS_VENDOR_DIR, OMNI_BACKENDS_REQUIRE_VENDOR_SOURCES=1 (a missing
 #   source then fails the test instead of skipping it), OMNI_VLLM033_SRC / OMNI_VLLM026_SRC and
-#   OMNI_BACKENDS_VLLM033 / OMNI_BACKENDS_VLLM026 (tests/test_cuda_static.py, tests/core/test_model_state.py).
+#   OMNI_BACKENDS_VLLM033 / OMNI_BACKENDS_VLLM026 (tests/test_cuda_static.py, tests/core/test_model_state_drift.py).
 # scripts/test.sh (the README's test command, which .ci/run runs) calls this and sources env.sh.
 # Exit status 1, naming the package, when a download fails.
 set -euo pipefail

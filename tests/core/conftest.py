@@ -110,6 +110,37 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return d
 
 
+@pytest.fixture(scope="module")
+def cpu_selected():
+    """The cpu driver selected as this process's backend (``registry.select("cpu", export=False)``), reset after
+    the module; skips with the probe's reason where the cpu driver is not usable."""
+    from omni_backends import registry
+    from omni_backends.cpu.driver import CpuBackend
+
+    probe = CpuBackend.probe()
+    if not probe.usable:
+        pytest.skip(f"the cpu driver is not usable here: {probe.reason}")
+    registry._reset_for_tests()
+    sel = registry.select("cpu", export=False)
+    yield sel.backend
+    registry._reset_for_tests()
+
+
+@pytest.fixture(scope="module")
+def vllm_config(demo_dir, cpu_selected):
+    """vLLM's ``VllmConfig`` of the demo talker, sized for the V2 fakes (``tests/core/v2_fakes.py``: float32,
+    ``MAX_REQS`` sequences, ``MAX_TOKENS`` batched tokens, eager)."""
+    import core.models
+    from tests.core.v2_fakes import MAX_REQS, MAX_TOKENS
+    from vllm.engine.arg_utils import EngineArgs
+
+    core.models.register()
+    return EngineArgs(
+        model=f"{demo_dir}/talker", dtype="float32", max_num_seqs=MAX_REQS, max_num_batched_tokens=MAX_TOKENS,
+        max_model_len=128, enforce_eager=True,
+    ).create_engine_config()
+
+
 #: the scenario processes of one variant, each a group run in order in one process: stock and omni thinker side
 #: by side, the talker + code2wav in a second process (they share nothing with the thinker engines, and two
 #: processes per variant halve the wall time); ``payloads`` joins the first group on the default variant only

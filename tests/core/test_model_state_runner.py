@@ -1,0 +1,263 @@
+"""The omni V2 runner seam (core.model_state ``OmniV2RunnerMixin``) and V1/V2 parity.
+
+The parity test spies on :class:`core.hooks.OmniHooks` and runs one synthetic batch through the V1 seams
+(``OmniV1RunnerMixin`` over a small base playing vLLM's V1 runner) and the V2 state (a small base calling the
+state in the V2 runner's order): the same hook methods are called on the same batches and the multimodal outputs
+are equal. Also: async outputs keep their own step, a model without the omni state is refused, the V2 runner
+class over the driver's V2 base. Fakes: ``tests/core/v2_fakes.py``.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from core.kinds import AR, GENERATION  # noqa: E402
+from tests.core.v2_fakes import (  # noqa: E402
+    COMPUTED, H, IDS, MAX_REQS, MAX_TOKENS, NUM_TOKENS, PROMPT, TinyTalker, add_all, greedy_inner, input_batch,
+    make_state, needs_vllm, new_request, payloads,
+)
+
+
+# ------------------------------------------------ V1 and V2: the same hooks
+PROTOCOL = ("on_new_requests", "on_finished_requests", "needs_embeds", "prepare_prefill_embeds", "preprocess",
+            "build_extra_kwargs", "process_model_output", "run_talker_mtp", "get_model_runner_output")
+
+
+def _summary(value):
+    from core.hooks import BatchView
+
+    if isinstance(value, BatchView):
+        return ("batch", tuple(value.req_ids), tuple(value.query_start_loc.tolist()),
+                tuple(value.num_computed.tolist()), tuple(value.num_prompt.tolist()))
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape))
+    return type(value).__name__
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    from core.hooks import OmniHooks
+
+    calls: list[tuple] = []
+    for name in PROTOCOL:
+        orig = getattr(OmniHooks, name)
+
+        def wrapper(self, *args, _orig=orig, _name=name, **kwargs):
+            args = list(args)
+            if _name in ("on_new_requests", "on_finished_requests"):
+                args[0] = list(args[0])
+                for item in args[0]:
+                    calls.append((_name, item[0] if isinstance(item, tuple) else item))
+            else:
+                calls.append((_name, *[_summary(a) for a in args if not isinstance(a, dict)]))
+            return _orig(self, *args, **kwargs)
+
+        monkeypatch.setattr(OmniHooks, name, wrapper)
+    return calls
+
+
+def _runner_output(ids):
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    return ModelRunnerOutput(req_ids=list(ids), req_id_to_index={r: i for i, r in enumerate(ids)})
+
+
+def _v1_step(model, pl, b):
+    """One step through the V1 seams (OmniV1RunnerMixin over a base that plays
+    vLLM's V1 runner: its methods return what V1's return)."""
+    from vllm.v1.sample.sampler import Sampler
+
+    from core.runner import OmniV1RunnerMixin
+
+    new = [types.SimpleNamespace(req_id=r, sampling_params=new_request(r, PROMPT[r], pl[r]).sampling_params) for r in IDS]
+
+    class V1Base:
+        def __init__(self, *a, **k):
+            self.input_batch = types.SimpleNamespace(
+                num_reqs=len(IDS), req_ids=list(IDS), num_computed_tokens_cpu=np.array(COMPUTED, np.int32),
+                num_prompt_tokens=np.array([PROMPT[r] for r in IDS], np.int32))
+            self.query_start_loc = types.SimpleNamespace(np=b.query_start_loc_np.copy())
+            self.inputs_embeds = types.SimpleNamespace(gpu=torch.zeros(MAX_TOKENS, H))
+            self.model = model
+            self.max_num_tokens, self.max_num_reqs, self.dtype = MAX_TOKENS, MAX_REQS, torch.float32
+            self.device = torch.device("cpu")
+            self.model_config = types.SimpleNamespace(get_hidden_size=lambda: H)
+            self.requests = {}
+            self.sampler = Sampler(logprobs_mode="raw_logprobs")  # what vLLM's V1 runner builds in __init__
+            self.input_batch.sampling_metadata = None
+
+        def load_model(self):
+            pass
+
+        def get_model(self):
+            return model
+
+        def _update_states(self, so):
+            return None
+
+        def _preprocess(self, so, n, it=None):
+            return b.input_ids[:n], None, None, None, {}, None
+
+        def _model_forward(self, input_ids=None, positions=None, intermediate_tensors=None, inputs_embeds=None, **kw):
+            return model(input_ids, positions, intermediate_tensors, inputs_embeds, **kw)
+
+        def _sample(self, logits, spec):
+            self._so = greedy_inner()(logits, b)
+            return self._so
+
+        def sample_tokens(self, grammar_output):
+            return _runner_output(IDS)
+
+    runner = type("V1", (OmniV1RunnerMixin, V1Base), {})()
+    runner.vllm_config = None
+    runner.load_model()
+    runner._update_states(types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=new))
+    ids, embeds, pos, it, kw, _ = runner._preprocess(None, NUM_TOKENS)
+    hidden = runner._model_forward(ids, pos, it, embeds, **kw)
+    runner._sample(model.compute_logits(hidden[b.logits_indices]), None)
+    out = runner.sample_tokens(None)
+    runner._update_states(types.SimpleNamespace(finished_req_ids={"mid"}, scheduled_new_reqs=[]))
+    runner._omni_io.remove()  # the V2 step reuses this model instance: one output adapter per model
+    return out
+
+
+def _v2_step(vllm_config, model, pl, b):
+    """One step through the V2 state, in the V2 runner's order, with the
+    runner's one omni seam (``OmniV2RunnerMixin.sample_tokens``)."""
+    from core.model_state import OmniV2RunnerMixin
+
+    state = make_state(vllm_config, model)
+
+    class V2Base:
+        def load_model(self):
+            self.model_state = state
+
+        def get_model(self):
+            return model
+
+        def execute_model(self):
+            self.rs = add_all(state, pl)
+            inputs = {"input_ids": b.input_ids, "positions": None, "intermediate_tensors": None, "inputs_embeds": None,
+                      **state.prepare_inputs(b, self.rs)}
+            self.hidden = model(**inputs)
+
+        def sample_tokens(self, grammar_output):
+            sampler, _ = state.custom_sampler(greedy_inner())
+            sampler(model.compute_logits(self.hidden[b.logits_indices]), b)
+            return _runner_output(IDS)
+
+    runner = type("V2", (OmniV2RunnerMixin, V2Base), {})()
+    assert runner.omni_hooks is None  # before load_model
+    runner.load_model()
+    assert runner.omni_hooks is state.omni_hooks  # what the worker's omni_state RPC reads
+    runner.execute_model()
+    out = runner.sample_tokens(None)
+    state.remove_request("mid")
+    return out
+
+
+@needs_vllm
+def test_v1_and_v2_call_the_same_hooks_with_the_same_batches(vllm_config, spy):
+    from core.outputs import OmniModelRunnerOutput
+
+    model, pl, b = TinyTalker(), payloads(), input_batch()
+    out1 = _v1_step(model, pl, b)
+    v1_calls = list(spy)
+    spy.clear()
+    out2 = _v2_step(vllm_config, model, pl, b)
+    v2_calls = list(spy)
+    assert [c[0] for c in v1_calls] == [c[0] for c in v2_calls]
+    assert v1_calls == v2_calls
+    assert {c[0] for c in v1_calls} == set(PROTOCOL)  # every hook of the protocol ran
+    assert isinstance(out1, OmniModelRunnerOutput) and isinstance(out2, OmniModelRunnerOutput)
+    assert out1.multimodal_outputs.keys() == out2.multimodal_outputs.keys() == set(IDS)
+    for r in IDS:
+        a, c = out1.multimodal_outputs[r], out2.multimodal_outputs[r]
+        assert a.keys() == c.keys()
+        for k in a:
+            torch.testing.assert_close(a[k], c[k], rtol=0, atol=0)
+
+
+@needs_vllm
+def test_v2_runner_seam_converts_async_output_with_its_own_step(cpu_selected):
+    """An async output read after the next step ran still gets its own step's
+    outputs, and is an ``AsyncModelRunnerOutput`` (what vLLM's executors unwrap)."""
+    from vllm.v1.outputs import AsyncModelRunnerOutput
+
+    from core.hooks import OmniHooks
+    from core.model_state import OmniV2RunnerMixin
+    from core.outputs import OmniModelRunnerOutput
+
+    hooks = OmniHooks(cpu_selected)
+    hooks.bind_model(object())
+    steps = iter([torch.ones(1), torch.zeros(1)])
+
+    class Async(AsyncModelRunnerOutput):  # vLLM's AsyncOutput: no req_ids until get_output()
+        def __init__(self, base):
+            self.base = base
+
+        def get_output(self):
+            return self.base
+
+    class Base:
+        def sample_tokens(self, grammar_output):
+            hooks._add("a", "x", next(steps))  # what this step's hooks produced
+            return Async(_runner_output(["a"]))
+
+    runner = type("R", (OmniV2RunnerMixin, Base), {})()
+    runner.model_state = types.SimpleNamespace(omni_hooks=hooks)
+    first = runner.sample_tokens(None)
+    second = runner.sample_tokens(None)  # the next step runs before the first output is read
+    assert isinstance(first, AsyncModelRunnerOutput) and isinstance(second, AsyncModelRunnerOutput)
+    o1, o2 = first.get_output(), second.get_output()
+    assert isinstance(o1, OmniModelRunnerOutput) and isinstance(o2, OmniModelRunnerOutput)
+    assert o1.multimodal_outputs["a"]["x"].tolist() == [1.0] and o2.multimodal_outputs["a"]["x"].tolist() == [0.0]
+
+
+@needs_vllm
+def test_v2_runner_refuses_a_model_without_the_omni_state():
+    from core.model_state import OmniV2RunnerMixin
+    from omni_backends.errors import OmniBackendError
+
+    class Base:
+        def load_model(self):
+            self.model_state = object()
+
+        def get_model(self):
+            return TinyTalker()
+
+    with pytest.raises(OmniBackendError, match=r"vLLM built object: either TinyTalker has no `get_model_state_cls\(\)`.*VLLM_USE_V2_MODEL_RUNNER=0"):
+        type("R", (OmniV2RunnerMixin, Base), {})().load_model()
+
+
+# ------------------------------------------------------- runner bases
+@needs_vllm
+def test_build_runner_class_v2_on_the_cpu_driver_is_a_clear_error(cpu_selected):
+    from core.runner import build_runner_class
+    from omni_backends.errors import OmniBackendError
+
+    with pytest.raises(OmniBackendError, match=r"driver 'cpu' cannot run it .*VLLM_USE_V2_MODEL_RUNNER=0"):
+        build_runner_class(cpu_selected, AR, v2=True)
+    with pytest.raises(OmniBackendError, match="needs a Triton CPU backend"):
+        cpu_selected.model_runner_base(v2=True)
+
+
+@needs_vllm
+def test_v2_runner_class_is_the_seam_over_the_drivers_v2_base():
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    from core.model_state import OmniV2RunnerMixin, v2_runner_class
+
+    cls = v2_runner_class(GPUModelRunner, GENERATION)
+    assert cls.__mro__[1:3] == (OmniV2RunnerMixin, GPUModelRunner)
+    assert cls.__name__ == "OmniGenerationGPUModelRunner"
+    assert v2_runner_class(GPUModelRunner, GENERATION) is cls
+    overridden = {n for n in vars(OmniV2RunnerMixin) if not n.startswith("__")}
+    assert overridden == {"load_model", "sample_tokens", "capture_model", "omni_hooks"}  # no execute_model / _dummy_run copy
+
+
