@@ -26,44 +26,37 @@ from omni_backends.testing.suite import test_sampler as kit  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def cpu():
-    from omni_backends.cpu.driver import CpuBackend
-
-    return CpuBackend()
-
-
 def _plain_sampler():
     from vllm.v1.sample.sampler import Sampler
 
     return Sampler(logprobs_mode="raw_logprobs")
 
 
-def test_issue_case_top_k_1_on_two_tied_bf16_maxima(cpu):
+def test_issue_case_top_k_1_on_two_tied_bf16_maxima(cpu_backend):
     """The reported case: 50 seeds, bf16, ids 7 and 300 tied; the driver's sampler returns 7 every time."""
     row = torch.randn(512, generator=torch.Generator().manual_seed(1))
     row[[7, 300]] = 20.0
     logits = row.to(torch.bfloat16).repeat(50, 1)
-    got = kit._run(cpu, cpu.make_sampler(), logits, temperature=0.7, top_k=1,
-                   generators={i: cpu.generator(i) for i in range(50)})
+    got = kit._run(cpu_backend, cpu_backend.make_sampler(), logits, temperature=0.7, top_k=1,
+                   generators={i: cpu_backend.generator(i) for i in range(50)})
     assert got.tolist() == [7] * 50
     assert rs.greedy(logits).tolist() == [7] * 50
 
 
 @pytest.mark.parametrize("edge", kit.ONE_TOKEN_EDGES)
-def test_vllm_sampler_without_the_rule_is_flagged(cpu, edge):
+def test_vllm_sampler_without_the_rule_is_flagged(cpu_backend, edge):
     """vLLM's own Sampler, as a driver that does not install the rule would hand it out: the kit's
     check fails naming the contract (what it found before the fix on the cpu driver)."""
     with pytest.raises(ContractViolation, match="sampler-equivalence.*tied maxima"):
         for _ in range(3):  # random: a few batches of 65 seeds each make a miss essentially impossible
-            kit.check_one_token_ties(cpu, _plain_sampler(), torch.bfloat16, edge)
+            kit.check_one_token_ties(cpu_backend, _plain_sampler(), torch.bfloat16, edge)
 
 
 @pytest.mark.parametrize("edge", kit.ONE_TOKEN_EDGES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpu_driver_samplers_pass_the_check(cpu, edge, dtype):
-    kit.check_one_token_ties(cpu, cpu.make_sampler(), dtype, edge)
-    kit.check_one_token_ties(cpu, cpu.prepare_sampler(_plain_sampler()), dtype, edge)
+def test_cpu_driver_samplers_pass_the_check(cpu_backend, edge, dtype):
+    kit.check_one_token_ties(cpu_backend, cpu_backend.make_sampler(), dtype, edge)
+    kit.check_one_token_ties(cpu_backend, cpu_backend.prepare_sampler(_plain_sampler()), dtype, edge)
 
 
 def _fake_driver_module():

@@ -111,22 +111,6 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def cpu_selected():
-    """The cpu driver selected as this process's backend (``registry.select("cpu", export=False)``), reset after
-    the module; skips with the probe's reason where the cpu driver is not usable."""
-    from omni_backends import registry
-    from omni_backends.cpu.driver import CpuBackend
-
-    probe = CpuBackend.probe()
-    if not probe.usable:
-        pytest.skip(f"the cpu driver is not usable here: {probe.reason}")
-    registry._reset_for_tests()
-    sel = registry.select("cpu", export=False)
-    yield sel.backend
-    registry._reset_for_tests()
-
-
-@pytest.fixture(scope="module")
 def vllm_config(demo_dir, cpu_selected):
     """vLLM's ``VllmConfig`` of the demo talker, sized for the V2 fakes (``tests/core/v2_fakes.py``: float32,
     ``MAX_REQS`` sequences, ``MAX_TOKENS`` batched tokens, eager)."""

@@ -44,16 +44,6 @@ def batch(ids=IDS, prompt=PROMPT, computed=COMPUTED, scheduled=SCHEDULED) -> Bat
     )
 
 
-@pytest.fixture
-def backend():
-    from omni_backends.cpu.driver import CpuBackend
-
-    probe = CpuBackend.probe()
-    if not probe.usable:
-        pytest.skip(f"the cpu driver is not usable here: {probe.reason}")
-    return CpuBackend()
-
-
 def sampling(max_tokens=8, payload=None):
     from vllm import SamplingParams
 
@@ -86,10 +76,10 @@ def test_batch_view_chunk_ending_exactly_one_before_the_prompt_end_does_not_samp
 
 
 # ------------------------------------------------- on_new_requests / payloads
-def test_on_new_requests_unpacks_state_and_seed_and_finish_frees_and_tells_the_model(backend):
+def test_on_new_requests_unpacks_state_and_seed_and_finish_frees_and_tells_the_model(cpu_backend):
     from core.hooks import MTP_SEED_KEY
 
-    hooks = OmniHooks(backend)
+    hooks = OmniHooks(cpu_backend)
 
     class Model:
         gpu_resident_buffer_keys = {("embed", "prefill")}
@@ -106,7 +96,7 @@ def test_on_new_requests_unpacks_state_and_seed_and_finish_frees_and_tells_the_m
     hooks.on_new_requests([("a", params)])
     a = hooks.payloads.get("a")
     assert a["text"] == ["hi"] and a["voice"] == 2 and torch.equal(a["embed"]["prefill"], th)
-    assert backend.is_device_tensor(a["embed"]["prefill"])
+    assert cpu_backend.is_device_tensor(a["embed"]["prefill"])
     assert hooks._mtp_seeds["a"] == 17
     hooks._add("a", "x", torch.ones(1))
     hooks.mtp_calls["a"] = 3
@@ -116,8 +106,8 @@ def test_on_new_requests_unpacks_state_and_seed_and_finish_frees_and_tells_the_m
     assert model.finished == [["a", "unknown"]]
 
 
-def test_request_without_payload_gets_an_empty_entry_without_preprocess(backend):
-    hooks = OmniHooks(backend)
+def test_request_without_payload_gets_an_empty_entry_without_preprocess(cpu_backend):
+    hooks = OmniHooks(cpu_backend)
 
     class Model:
         pass
@@ -129,8 +119,8 @@ def test_request_without_payload_gets_an_empty_entry_without_preprocess(backend)
     assert len(hooks.payloads) == 0
 
 
-def test_generation_kind_rejects_max_tokens_other_than_one(backend):
-    hooks = OmniHooks(backend, GENERATION)
+def test_generation_kind_rejects_max_tokens_other_than_one(cpu_backend):
+    hooks = OmniHooks(cpu_backend, GENERATION)
     hooks.bind_model(object())
     with pytest.raises(ValueError, match=r"request g1: .*SamplingParams\(max_tokens=1\), not max_tokens=16"):
         hooks.on_new_requests([("g1", sampling(max_tokens=16, payload={"codes": 1}))])
@@ -138,19 +128,19 @@ def test_generation_kind_rejects_max_tokens_other_than_one(backend):
     hooks.on_new_requests([("g2", sampling(max_tokens=1))])
     assert "g2" in hooks.payloads
     # the AR kind accepts any max_tokens
-    ar = OmniHooks(backend, AR)
+    ar = OmniHooks(cpu_backend, AR)
     ar.bind_model(object())
     ar.on_new_requests([("a", sampling(max_tokens=16))])
 
 
-def test_unknown_runner_kind_is_refused(backend):
+def test_unknown_runner_kind_is_refused(cpu_backend):
     with pytest.raises(ValueError, match="runner kind must be one of"):
-        OmniHooks(backend, "talker")
+        OmniHooks(cpu_backend, "talker")
 
 
 # -------------------------------------------------- prepare_prefill_embeds
-def _hooks_with_embeds(backend, rows: dict[str, int]):
-    hooks = OmniHooks(backend)
+def _hooks_with_embeds(cpu_backend, rows: dict[str, int]):
+    hooks = OmniHooks(cpu_backend)
 
     class Model:
         pass
@@ -164,9 +154,9 @@ def _hooks_with_embeds(backend, rows: dict[str, int]):
     return hooks, embeds
 
 
-def test_prefill_embeds_overlay_only_prompt_rows(backend):
+def test_prefill_embeds_overlay_only_prompt_rows(cpu_backend):
     # every request has prompt_embeds; the decode request's must not be used
-    hooks, emb = _hooks_with_embeds(backend, {r: p for r, p in zip(IDS, PROMPT)})
+    hooks, emb = _hooks_with_embeds(cpu_backend, {r: p for r, p in zip(IDS, PROMPT)})
     b = batch()
     assert hooks.needs_embeds(b)
     inputs = torch.full((NUM_TOKENS + 2, H), -7.0)  # padded like the runner's buffer
@@ -179,8 +169,8 @@ def test_prefill_embeds_overlay_only_prompt_rows(backend):
     torch.testing.assert_close(inputs, expect, rtol=0, atol=0)
 
 
-def test_prefill_embeds_cast_to_the_inputs_dtype_and_skip_requests_without_embeds(backend):
-    hooks, emb = _hooks_with_embeds(backend, {"last": 20})
+def test_prefill_embeds_cast_to_the_inputs_dtype_and_skip_requests_without_embeds(cpu_backend):
+    hooks, emb = _hooks_with_embeds(cpu_backend, {"last": 20})
     inputs = torch.zeros(NUM_TOKENS, H, dtype=torch.bfloat16)
     hooks.prepare_prefill_embeds(batch(), inputs)
     assert inputs.dtype == torch.bfloat16
@@ -189,23 +179,23 @@ def test_prefill_embeds_cast_to_the_inputs_dtype_and_skip_requests_without_embed
     assert not inputs.any()
 
 
-def test_needs_embeds_is_false_when_no_request_with_embeds_has_prompt_rows(backend):
-    hooks, _ = _hooks_with_embeds(backend, {"dec": 5})
+def test_needs_embeds_is_false_when_no_request_with_embeds_has_prompt_rows(cpu_backend):
+    hooks, _ = _hooks_with_embeds(cpu_backend, {"dec": 5})
     assert not hooks.needs_embeds(batch())
-    hooks2, _ = _hooks_with_embeds(backend, {})
+    hooks2, _ = _hooks_with_embeds(cpu_backend, {})
     assert not hooks2.needs_embeds(batch())
 
 
-def test_too_short_prompt_embeds_is_a_clear_error(backend):
-    hooks, _ = _hooks_with_embeds(backend, {"mid": 10})  # prompt has 20 tokens; this step needs rows 4..12
+def test_too_short_prompt_embeds_is_a_clear_error(cpu_backend):
+    hooks, _ = _hooks_with_embeds(cpu_backend, {"mid": 10})  # prompt has 20 tokens; this step needs rows 4..12
     with pytest.raises(ValueError, match=r"request mid: prompt_embeds has 10 rows but the prompt has 20 tokens; "
                                          r"pass one embedding row per prompt token"):
         hooks.prepare_prefill_embeds(batch(), torch.zeros(NUM_TOKENS, H))
 
 
 # ------------------------------------------------------ build_extra_kwargs
-def test_extra_kwargs_are_vllm_omnis_restricted_to_what_the_forward_takes(backend):
-    hooks = OmniHooks(backend)
+def test_extra_kwargs_are_vllm_omnis_restricted_to_what_the_forward_takes(cpu_backend):
+    hooks = OmniHooks(cpu_backend)
 
     class Plain:
         def forward(self, input_ids, positions):
@@ -228,7 +218,7 @@ def test_extra_kwargs_are_vllm_omnis_restricted_to_what_the_forward_takes(backen
     assert kw["model_intermediate_buffer"][0] is hooks.payloads.get("dec")  # the live state, not a copy
     assert kw["request_token_spans"] == [(0, 1), (1, 9), (9, 13), (13, 16), (16, 24)]
     assert kw["sampler"] == "S" and "seq_token_counts" not in kw
-    gen = OmniHooks(backend, GENERATION)
+    gen = OmniHooks(cpu_backend, GENERATION)
     gen.bind_model(Accepting())
     kw = gen.build_extra_kwargs(batch())
     assert kw["seq_token_counts"] == [1, 8, 4, 3, 8] and kw["request_ids"] == IDS
@@ -251,8 +241,8 @@ class _Preprocessing:
         return input_ids + 1, rows, {"meta": {"steps": steps + 1}}
 
 
-def test_preprocess_runs_every_step_for_every_request_and_replaces_its_rows(backend):
-    hooks = OmniHooks(backend)
+def test_preprocess_runs_every_step_for_every_request_and_replaces_its_rows(cpu_backend):
+    hooks = OmniHooks(cpu_backend)
     model = _Preprocessing()
     hooks.bind_model(model)
     assert hooks.uses_preprocess and hooks.needs_embeds(batch())
@@ -283,8 +273,8 @@ class _Postprocessing:
         return {"hidden_states": {"last": hidden_states[-1:]}, "meta": {"offset": info.get("offset", 0) + 1}}
 
 
-def test_process_model_output_slices_per_request_and_merges_postprocess(backend):
-    hooks = OmniHooks(backend)
+def test_process_model_output_slices_per_request_and_merges_postprocess(cpu_backend):
+    hooks = OmniHooks(cpu_backend)
     model = _Postprocessing()
     hooks.bind_model(model)
     hooks.payloads.put("last", {"offset": 100, "hidden_states": {"last": torch.zeros(1, H)}})
@@ -309,12 +299,12 @@ def test_process_model_output_slices_per_request_and_merges_postprocess(backend)
     assert torch.equal(step["mid"]["hidden"], before)
 
 
-def test_vllm_omnis_output_namedtuple_and_make_omni_output_are_recognised(backend):
+def test_vllm_omnis_output_namedtuple_and_make_omni_output_are_recognised(cpu_backend):
     from core.models.vllm_omni import load_module
 
     if load_module is None:  # pragma: no cover
         return
-    hooks = OmniHooks(backend)
+    hooks = OmniHooks(cpu_backend)
 
     class Made:
         def make_omni_output(self, out, **kwargs):
@@ -345,10 +335,10 @@ def _runner_output(req_ids):
     )
 
 
-def test_get_model_runner_output_wraps_vllms_output_keeping_every_field(backend):
+def test_get_model_runner_output_wraps_vllms_output_keeping_every_field(cpu_backend):
     from vllm.v1.outputs import ModelRunnerOutput
 
-    hooks = OmniHooks(backend)
+    hooks = OmniHooks(cpu_backend)
     hooks.bind_model(object())
     b = batch()
     hooks.process_model_output(OmniOutput(torch.zeros(NUM_TOKENS, H), {"h": torch.ones(NUM_TOKENS, 2)}), b)
@@ -365,8 +355,8 @@ def test_get_model_runner_output_wraps_vllms_output_keeping_every_field(backend)
     assert hooks.get_model_runner_output(again) is again
 
 
-def test_get_model_runner_output_without_outputs_returns_vllms_object(backend):
-    hooks = OmniHooks(backend)
+def test_get_model_runner_output_without_outputs_returns_vllms_object(cpu_backend):
+    hooks = OmniHooks(cpu_backend)
     hooks.bind_model(object())
     base = _runner_output(["a"])
     assert hooks.get_model_runner_output(base) is base
@@ -397,10 +387,10 @@ class _Talker:
         return input_embeds + last_talker_hidden + text_step, codes
 
 
-def test_talker_mtp_runs_before_the_forward_on_decode_rows_once_per_step(backend):
+def test_talker_mtp_runs_before_the_forward_on_decode_rows_once_per_step(cpu_backend):
     from core.hooks import MTP_SEED_KEY
 
-    hooks = OmniHooks(backend)
+    hooks = OmniHooks(cpu_backend)
     model = _Talker()
     hooks.bind_model(model, vllm_config=None)
     assert hooks.mtp_mode == "eager" and hooks.talker_mtp.hidden_size == H  # the cpu driver has no graphs
@@ -425,7 +415,7 @@ def test_talker_mtp_runs_before_the_forward_on_decode_rows_once_per_step(backend
     assert hooks.mtp_calls == {"dec": 2, "dec2": 2}
 
 
-def test_a_hook_with_a_wrong_signature_fails_at_bind_naming_it(backend):
+def test_a_hook_with_a_wrong_signature_fails_at_bind_naming_it(cpu_backend):
     from core.hooks import ModelContractError
 
     class BadPre:
@@ -451,7 +441,7 @@ def test_a_hook_with_a_wrong_signature_fails_at_bind_naming_it(backend):
         def preprocess(self):  # not declared (has_preprocess False): not read
             pass
 
-    hooks = OmniHooks(backend)
+    hooks = OmniHooks(cpu_backend)
     with pytest.raises(ModelContractError, match=r"BadPre\.preprocess.*must accept \*\*kwargs"):
         hooks.bind_model(BadPre())
     with pytest.raises(ModelContractError, match=r"BadMTP\.talker_mtp.*takes 2 positional arguments, the core passes 4"):
@@ -517,7 +507,7 @@ def test_recomputed_positions_after_preemption_are_not_emitted_twice():
     assert "r" not in hooks._emitted
 
 
-def test_a_model_taking_per_request_kwargs_gets_no_full_cuda_graphs(backend):
+def test_a_model_taking_per_request_kwargs_gets_no_full_cuda_graphs(cpu_backend):
     """FULL graphs would freeze the capture's per-request kwargs (voice, payload rows) into every replay:
     bind_model lowers vLLM's graph mode to its piecewise part, before vLLM resolves it and captures."""
     import types
@@ -533,15 +523,15 @@ def test_a_model_taking_per_request_kwargs_gets_no_full_cuda_graphs(backend):
                         (CUDAGraphMode.NONE, CUDAGraphMode.NONE)]:
         cfg = types.SimpleNamespace(compilation_config=types.SimpleNamespace(cudagraph_mode=given),
                                     model_config=types.SimpleNamespace(enforce_eager=False))
-        OmniHooks(backend, AR).bind_model(Accepting(), vllm_config=cfg)
+        OmniHooks(cpu_backend, AR).bind_model(Accepting(), vllm_config=cfg)
         assert cfg.compilation_config.cudagraph_mode == want, (given, cfg.compilation_config.cudagraph_mode)
     plain = types.SimpleNamespace(compilation_config=types.SimpleNamespace(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE),
                                   model_config=types.SimpleNamespace(enforce_eager=False))
-    OmniHooks(backend, AR).bind_model(object(), vllm_config=plain)
+    OmniHooks(cpu_backend, AR).bind_model(object(), vllm_config=plain)
     assert plain.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE  # the thinker keeps FULL graphs
 
 
-def test_talker_mtp_is_graph_wrapped_only_when_the_engine_runs_graphs(backend):
+def test_talker_mtp_is_graph_wrapped_only_when_the_engine_runs_graphs(cpu_backend):
     """``--enforce-eager`` (or cudagraph_mode NONE) must run the MTP head eager too, so graph vs eager compares."""
     import dataclasses as dc
     import types
@@ -555,14 +545,14 @@ def test_talker_mtp_is_graph_wrapped_only_when_the_engine_runs_graphs(backend):
             self.wrapped = []
 
         def capabilities(self):
-            return dc.replace(backend.capabilities(), static_graph_modes=("FULL",), talker_mtp_graph=True)
+            return dc.replace(cpu_backend.capabilities(), static_graph_modes=("FULL",), talker_mtp_graph=True)
 
         def wrap_graph(self, fn, vllm_config, mode):
             self.wrapped.append(mode)
             return fn
 
         def __getattr__(self, name):
-            return getattr(backend, name)
+            return getattr(cpu_backend, name)
 
     class SafeTalker(_Talker):
         talker_mtp_graph_safe = True
@@ -580,12 +570,12 @@ def test_talker_mtp_is_graph_wrapped_only_when_the_engine_runs_graphs(backend):
         assert gb.wrapped == ([CUDAGraphMode.FULL] if want == "graph" else [])
 
 
-def test_finished_requests_keep_a_bounded_record_of_their_talker_mtp_calls(backend):
+def test_finished_requests_keep_a_bounded_record_of_their_talker_mtp_calls(cpu_backend):
     """A multiprocess engine's MTP calls per request stay readable after the request finished (the worker's
     ``omni_state``), for the last ``FINISHED_MTP_RECORD`` requests only: a server keeps no growing state."""
     from core.hooks.omni_hooks import FINISHED_MTP_RECORD
 
-    hooks = OmniHooks(backend)
+    hooks = OmniHooks(cpu_backend)
     n = FINISHED_MTP_RECORD + 10
     for i in range(n):
         hooks.mtp_calls[f"r{i}"] = i % 7 + 1

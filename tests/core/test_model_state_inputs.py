@@ -126,8 +126,6 @@ def test_a_dummy_batch_gets_inputs_but_runs_no_request_hooks(vllm_config):
     assert state.omni_hooks._step_outputs == {} and state.omni_hooks.mtp_calls == {}
 
 
-
-
 @needs_vllm
 def test_the_embeds_overlay_is_bound_under_the_name_the_installed_vllm_calls(vllm_config, monkeypatch):
     """vLLM 0.32+ call ``prepare_inputs_embeds``, 0.26 ``get_mm_embeddings`` (same parameters): the state binds
