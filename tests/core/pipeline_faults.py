@@ -57,7 +57,7 @@ def _live_children() -> list[str]:
 
 def main() -> None:
     demo_dir, work, faults = sys.argv[1], sys.argv[2], sys.argv[3:]
-    import core.pipeline as pipeline
+    import core.pipeline.release as release  # StageEngines.release -> release_engine -> its shutdown_engine
     import core.stage as stage
     from omni_backends.cli import main as cli
 
@@ -77,7 +77,7 @@ def main() -> None:
     engine_pids: list[int] = []
     released: list[int] = []
     make_engine = stage.make_engine
-    shutdown_engine = pipeline.shutdown_engine
+    shutdown_engine = release.shutdown_engine
     current = {"fault": None}
 
     def make_engine_then_fault(model, **kw):
@@ -111,7 +111,7 @@ def main() -> None:
         shutdown_engine(llm)
 
     stage.make_engine = make_engine_then_fault
-    pipeline.shutdown_engine = recording_shutdown
+    release.shutdown_engine = recording_shutdown
 
     verdict = {}
     for fault in faults:

@@ -19,7 +19,8 @@ import types
 
 import pytest
 
-from core.pipeline import _Stages, _failure_cause
+from core.pipeline.faults import failure_cause
+from core.pipeline.stages import StageEngines
 from omni_backends.errors import BadInputError, StageFailedError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -84,7 +85,7 @@ class _FakeLLM:
 
 def test_a_failing_stage_releases_every_started_engine_and_names_the_stage():
     log: list[str] = []
-    stages = _Stages()
+    stages = StageEngines()
     with pytest.raises(StageFailedError) as info:
         with stages.stage("thinker"):
             stages.start("thinker", lambda: _FakeLLM(log, "thinker"))
@@ -99,7 +100,7 @@ def test_a_failing_stage_releases_every_started_engine_and_names_the_stage():
 
 def test_a_stage_whose_engine_fails_to_start_says_so_and_interrupts_pass_through():
     log: list[str] = []
-    stages = _Stages()
+    stages = StageEngines()
     stages.start("thinker", lambda: _FakeLLM(log, "thinker"))
     with pytest.raises(StageFailedError, match="stage code2wav failed while starting its engine: the engine raised "
                                                "ValueError: no room"):
@@ -120,8 +121,8 @@ def test_failure_cause_reads_out_of_memory_anywhere_in_the_chain():
         except MemoryError as exc:
             raise RuntimeError("EngineCore encountered an issue") from exc
     except RuntimeError as outer:
-        assert _failure_cause(outer, None).startswith("the device ran out of memory (MemoryError: CUDA out of memory")
-    assert _failure_cause(BadInputError("x"), None) == "the engine raised BadInputError: x"
+        assert failure_cause(outer, None).startswith("the device ran out of memory (MemoryError: CUDA out of memory")
+    assert failure_cause(BadInputError("x"), None) == "the engine raised BadInputError: x"
 
 
 @pytest.mark.parametrize("message", [
@@ -135,5 +136,5 @@ def test_an_engine_start_on_a_full_device_is_named_as_device_memory(message):
         except RuntimeError as exc:
             raise RuntimeError("Engine core initialization failed. See root cause above.") from exc
     except RuntimeError as outer:
-        cause = _failure_cause(outer, None)
+        cause = failure_cause(outer, None)
     assert cause.startswith("the device ran out of memory (RuntimeError: ") and "other processes" in cause, cause

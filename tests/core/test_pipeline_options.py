@@ -1,5 +1,5 @@
-"""The main job's device defaults, per-stage memory sizing and engine choices
-(``core.pipeline``), without starting an engine."""
+"""The main job's device defaults (``core.pipeline``), per-stage memory sizing and the engine factory's
+engine-choice checks (``core.stage``), without starting an engine."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from core.pipeline import RunConfig, check_engine_choices, device_defaults, engine_kw
+from core.pipeline import RunConfig, device_defaults, engine_kw
+from core.stage import EngineChoices, check_engine_choices
 from omni_backends.engine_memory import STAGE_HEADROOM_BYTES, engine_memory_kw
 from omni_backends.backend import Capabilities
 from omni_backends.errors import BadInputError
@@ -110,6 +111,21 @@ def test_graph_mode_the_driver_cannot_capture_names_the_fix():
         check_engine_choices(RunConfig(graph_mode="sometimes"), partial, env={})
     with pytest.raises(BadInputError, match=r"needs graphs but enforce_eager \(--enforce-eager\) turns them off"):
         check_engine_choices(RunConfig(graph_mode="PIECEWISE", enforce_eager=True), partial, env={})
+
+
+def test_the_engine_factory_checks_engine_choices_of_its_own():
+    """``make_engine``'s choices (:class:`EngineChoices`) and the demo app's ``RunConfig`` meet the same checks."""
+    cpu = FakeBackend("cpu", "cpu", static_graph_modes=(), v2_runner=False)
+    source = "compilation_config cudagraph_mode"
+    assert check_engine_choices(EngineChoices(), cpu, env={}) == "auto"
+    assert check_engine_choices(EngineChoices(graph_mode="NONE", enforce_eager=True), cpu, env={}) == "auto"
+    with pytest.raises(BadInputError, match=r"^compilation_config cudagraph_mode FULL is not supported by the cpu "
+                                            r"driver \(it captures no graphs\); drop compilation_config"):
+        check_engine_choices(EngineChoices(graph_mode="full"), cpu, env={}, graph_source=source)
+    with pytest.raises(BadInputError, match=r"^compilation_config cudagraph_mode must be one of NONE, PIECEWISE"):
+        check_engine_choices(EngineChoices(graph_mode="sometimes"), FakeBackend(), env={}, graph_source=source)
+    with pytest.raises(BadInputError, match=r"^--runner must be one of auto, v1, v2, got 'v3'"):
+        check_engine_choices(EngineChoices(runner="v3"), FakeBackend(), env={})
 
 
 @pytest.mark.parametrize("args,expect", [

@@ -16,7 +16,8 @@ from types import SimpleNamespace
 
 import psutil
 
-from core.pipeline import _Stages, wait_engine_released
+from core.pipeline.release import wait_engine_released
+from core.pipeline.stages import StageEngines
 
 
 def _slow_engine(ready) -> None:  # pragma: no cover - runs in the child
@@ -46,7 +47,7 @@ def test_release_returns_only_after_the_engine_processes_exited():
     proc = ctx.Process(target=_slow_engine, args=(ready,))
     proc.start()
     grandchild = ready.get(timeout=10)
-    stages = _Stages()
+    stages = StageEngines()
     stages.start("talker", lambda: _fake_llm(proc))
     t0 = time.monotonic()
     stages.release("talker")

@@ -1,0 +1,86 @@
+"""Reading a stage's failure: the one-line cause (device out of memory, a dead engine process, the model's
+error), and a watchdog that turns a dead engine-core process into an error instead of a hang."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.pipeline.release import engine_core_processes
+from omni_backends.binding import VendorSymbol
+
+# vLLM seams the fault handling relies on (multiprocess engine client, vLLM 0.26-0.33):
+#: raised by ``SyncMPClient.get_output`` for an error put on its output queue once the engine is dead
+ENGINE_DEAD_ERROR = VendorSymbol("vllm.v1.engine.exceptions", "EngineDeadError", kind="class")
+#: the queue ``SyncMPClient.get_output`` blocks on (``queue.Queue``, no timeout)
+SYNC_MP_OUTPUTS_QUEUE = VendorSymbol("vllm.v1.engine.core_client", "SyncMPClient.outputs_queue", kind="attribute")
+
+
+def engine_process_fate(llm: Any) -> str | None:
+    """"engine process 123 was killed by signal SIGKILL" if an engine-core process
+    of ``llm`` has exited (multiprocess mode), else None."""
+    import signal
+
+    for proc in engine_core_processes(llm):
+        code = getattr(proc, "exitcode", None)
+        if code is None:
+            continue
+        if code < 0:
+            try:
+                how = f"was killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        else:
+            how = f"exited with status {code}"
+        return f"its engine process {proc.pid} {how}" + (" (out of host memory? the kernel's OOM killer sends "
+                                                           "SIGKILL)" if code == -signal.SIGKILL else "")
+    return None
+
+
+#: what an engine start on a device without free memory raises besides torch's OutOfMemoryError: cuBLAS's
+#: ALLOC_FAILED and vLLM's ``request_memory`` check. (cuBLAS's ``CUBLAS_STATUS_INTERNAL_ERROR`` in ``cublasCreate``
+#: is not one of them: the H200 raised it next to a full device, and also on an empty one, issue 21.)
+DEVICE_MEMORY_SIGNS = ("CUBLAS_STATUS_ALLOC_FAILED", "Free memory on device")
+
+
+def failure_cause(exc: BaseException, llm: Any) -> str:
+    """One line: why a stage failed (device out of memory, a dead engine process, the model's error)."""
+    chain: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and all(e is not c for c in chain):
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    root = chain[-1]
+
+    def line(x: BaseException) -> str:
+        text = str(x).strip().splitlines()
+        return f"{type(x).__name__}: {text[0][:300]}" if text else type(x).__name__
+
+    oom = next((x for x in chain if type(x).__name__ == "OutOfMemoryError" or any(
+        sign in str(x) for sign in DEVICE_MEMORY_SIGNS) or "out of memory" in str(x).lower()), None)
+    if oom is not None:
+        return (f"the device ran out of memory ({line(oom)}); lower --max-tokens or free device memory "
+                f"(other processes on it)")
+    fate = engine_process_fate(llm) if llm is not None else None
+    if fate:
+        return fate
+    if type(root).__name__ == "EngineDeadError" or "EngineCore" in str(root):
+        return f"its engine core died ({line(root)}); vLLM's log above has the engine's own error"
+    return f"the engine raised {line(root)}"
+
+
+def watch_engine_process(llm: Any, stop: Any) -> None:
+    """Until ``stop`` is set: if an engine-core process of ``llm`` exits, wake the caller.
+
+    vLLM 0.32's ``SyncMPClient`` notices a dead engine process
+    (``MPClient.start_engine_core_monitor``) and shuts its output thread down
+    without telling a caller blocked in ``get_output()`` (``outputs_queue.get()``
+    with no timeout): ``LLM.generate`` would wait forever. This puts vLLM's
+    ``EngineDeadError`` on that queue, which ``get_output`` raises."""
+    client = llm.llm_engine.engine_core
+    while not stop.wait(0.5):
+        if engine_process_fate(llm) is None:
+            continue
+        queue = getattr(client, SYNC_MP_OUTPUTS_QUEUE.attr.rpartition(".")[2], None)
+        if queue is not None:
+            queue.put_nowait(ENGINE_DEAD_ERROR.resolve()())
+        return

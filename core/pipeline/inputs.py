@@ -1,0 +1,112 @@
+"""The run's inputs on disk, checked before an engine starts: the demo models, the output directory, the
+prompt's length in thinker tokens."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+from core.pipeline.config import STAGES, THINKER_MAX_MODEL_LEN, RunConfig
+from omni_backends.errors import BadInputError
+
+
+def _recreate(model_dir: str) -> str:
+    return f"Recreate the demo models: omni-backends demo-model create {model_dir}"
+
+
+def _load_config(stage_dir: str, stage: str, model_dir: str) -> dict[str, Any]:
+    path = os.path.join(stage_dir, "config.json")
+    if not os.path.isfile(path):
+        raise BadInputError(f"{stage} model: {path} is missing. {_recreate(model_dir)}")
+    try:
+        with open(path) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise BadInputError(f"{stage} model: {path} is not valid JSON ({exc}). {_recreate(model_dir)}") from exc
+    if not isinstance(cfg, dict):
+        raise BadInputError(f"{stage} model: {path} must hold a JSON object. {_recreate(model_dir)}")
+    return cfg
+
+
+def _check_weights(stage_dir: str, stage: str, model_dir: str) -> None:
+    path = os.path.join(stage_dir, "model.safetensors")
+    if not os.path.isfile(path):
+        raise BadInputError(f"{stage} model: weight file {path} is missing. {_recreate(model_dir)}")
+    try:
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt") as f:
+            if not list(f.keys()):
+                raise ValueError("no tensors")
+    except Exception as exc:  # safetensors raises its own error types
+        raise BadInputError(f"{stage} model: weight file {path} is unreadable ({exc}). {_recreate(model_dir)}") from exc
+
+
+def _check_out_dir(out: str) -> str:
+    out = os.path.abspath(out)
+    parent = os.path.dirname(out)
+    probe_dir = out if os.path.isdir(out) else parent
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise BadInputError(f"output path {out} exists and is not a directory; choose another --out")
+    if not os.path.isdir(probe_dir):
+        raise BadInputError(f"output directory's parent {probe_dir} does not exist; create it or choose another --out")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".omni-write-test-", dir=probe_dir)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise BadInputError(
+            f"cannot write the output --out {out}: creating a file in {probe_dir} failed ({exc.strerror}); "
+            f"choose another --out"
+        ) from exc
+    return out
+
+
+def validate(cfg: RunConfig, backend: Any) -> dict[str, dict[str, Any]]:
+    """Check every input before an engine starts; returns stage -> config.json.
+
+    Cheap checks first (no vLLM, no transformers): empty prompt, bad
+    ``max_tokens``, missing/corrupt model files, voice id out of range,
+    unwritable output directory. Then what needs the device stack: a head
+    size the device cannot run (``Backend.check_model_config``) and a prompt
+    longer than the thinker's context (its tokenizer). Raises
+    :class:`BadInputError` saying what to do.
+    """
+    cfg.check()
+    model_dir = cfg.model_dir
+    if not os.path.isdir(model_dir):
+        raise BadInputError(f"model directory {model_dir} does not exist; create it with: omni-backends demo-model create {model_dir}")
+    configs = {}
+    for stage in STAGES:
+        d = os.path.join(model_dir, stage)
+        configs[stage] = _load_config(d, stage, model_dir)
+        _check_weights(d, stage, model_dir)
+    n_voices = int(configs["talker"].get("num_voices", 1))
+    if not 0 <= cfg.voice < n_voices:
+        raise BadInputError(f"voice id {cfg.voice} is out of range: the talker has voices 0..{n_voices - 1}")
+    _check_out_dir(cfg.out)
+    for stage in STAGES:
+        backend.check_model_config(configs[stage])
+    n_prompt = len(_thinker_tokenizer(model_dir)(cfg.prompt)["input_ids"])
+    if n_prompt + cfg.max_tokens > THINKER_MAX_MODEL_LEN:
+        raise BadInputError(
+            f"prompt is {n_prompt} tokens; with --max-tokens {cfg.max_tokens} that exceeds the thinker's context of "
+            f"{THINKER_MAX_MODEL_LEN} tokens. Shorten the prompt or lower --max-tokens."
+        )
+    return configs
+
+
+def _thinker_tokenizer(model_dir: str) -> Any:
+    path = os.path.join(model_dir, "thinker")
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # transformers raises ValueError / OSError / JSONDecodeError for broken files
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BadInputError(
+            f"thinker model: the tokenizer in {path} is missing or unreadable ({first[:200]}). Recreate the demo "
+            f"models: omni-backends demo-model create {model_dir}"
+        ) from exc

@@ -1,0 +1,94 @@
+"""Releasing a stage's engine: shut it down, then wait until vLLM's engine-core processes (and their
+children) have exited, so that the next engine starts on a settled device."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from typing import Any
+
+from omni_backends.binding import VendorSymbol
+
+# vLLM seams the release relies on (vLLM 0.26-0.33):
+#: the engine-core processes of a multiprocess client (``client.resources.engine_manager.processes``)
+ENGINE_CORE_PROCESSES = VendorSymbol("vllm.v1.engine.utils", "CoreEngineProcManager.processes", kind="attribute")
+#: ``LLM.llm_engine.engine_core.shutdown()``: in-process and multiprocess clients alike
+ENGINE_CORE_SHUTDOWN = VendorSymbol("vllm.v1.engine.core_client", "EngineCoreClient.shutdown", required=())
+
+
+def shutdown_engine(llm: Any) -> None:
+    """Shut down a ``vllm.LLM``'s engine core (its process, in multiprocess mode)
+    through ``LLMEngine.engine_core.shutdown()``; never raises."""
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception as exc:  # an engine that died already may fail to shut down: nothing left to release
+        print(f"omni-backends: warning: shutting down an engine failed: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+
+
+#: seconds to wait for a shut-down engine's processes to exit before killing what is left
+ENGINE_RELEASE_TIMEOUT = 60.0
+
+
+def engine_core_processes(llm: Any) -> list[Any]:
+    """vLLM's ``multiprocessing`` handles of ``llm``'s engine-core processes
+    (``client.resources.engine_manager.processes``); none in-process."""
+    manager = getattr(getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "resources", None),
+                      "engine_manager", None)
+    return list(getattr(manager, "processes", None) or ())
+
+
+def engine_processes(llm: Any) -> list[Any]:
+    """The engine-core processes of ``llm`` (vLLM's ``multiprocessing`` handles, multiprocess mode; in-process:
+    none) and their descendants (``psutil.Process``), read before shutdown so that a child of a killed engine
+    process is still known."""
+    import psutil
+
+    out: list[Any] = []
+    for proc in engine_core_processes(llm):
+        out.append(proc)
+        try:
+            out += psutil.Process(proc.pid).children(recursive=True)
+        except (psutil.Error, TypeError, ValueError):  # gone already, or never started
+            continue
+    return out
+
+
+def wait_engine_released(procs: list[Any], stage: str, timeout: float | None = None) -> None:
+    """Block until every process in ``procs`` (:func:`engine_processes`) has exited.
+
+    vLLM's ``CoreEngineProcManager.shutdown`` sends SIGTERM, waits 5 s, then SIGKILLs the process tree without
+    waiting for it to die: the killed engine may still hold its device context (and memory) when the caller
+    starts the next engine, which then measures and allocates on a device in flux. Our own children are joined
+    (``multiprocessing`` reaps them), their descendants polled. After ``timeout`` seconds
+    (:data:`ENGINE_RELEASE_TIMEOUT`) what is left is killed and waited for; a warning names it. Never raises."""
+    import psutil
+
+    if not procs:
+        return
+    deadline = time.monotonic() + (ENGINE_RELEASE_TIMEOUT if timeout is None else timeout)
+    own = [p for p in procs if not isinstance(p, psutil.Process)]
+    others = [p for p in procs if isinstance(p, psutil.Process)]
+    for p in own:
+        p.join(max(0.0, deadline - time.monotonic()))
+    _, alive = psutil.wait_procs(others, timeout=max(0.0, deadline - time.monotonic()))
+    left = [p for p in own if p.is_alive()] + alive
+    if not left:
+        return
+    print(f"omni-backends: warning: stage {stage}: engine processes {[p.pid for p in left]} still running "
+          f"after shutdown; killing them", file=sys.stderr)
+    for p in left:
+        with contextlib.suppress(Exception):
+            p.kill()
+    for p in left:
+        with contextlib.suppress(Exception):
+            p.join(10) if not isinstance(p, psutil.Process) else p.wait(10)
+
+
+def release_engine(llm: Any, stage: str) -> None:
+    """Shut ``llm`` down (:func:`shutdown_engine`) and return once its engine processes have exited
+    (:func:`wait_engine_released`). Never raises."""
+    procs = engine_processes(llm)
+    shutdown_engine(llm)
+    wait_engine_released(procs, stage)
