@@ -2,22 +2,27 @@
 
 A driver is a subclass of :class:`Backend` registered under the entry-point
 group ``omni_backends.drivers``. The core omni runner (``core/``) calls only
-this interface; it never names a device.
+this interface; it never names a device. :class:`Backend` reads in three parts,
+in the order a driver implements them (``docs/vendor-guide.md`` counts them):
 
-Groups, in the order a driver should implement them:
+1. required      -- identity (class attributes) and the abstract methods the
+                    core and the selection call: probe, capabilities, device,
+                    device count, synchronize, memory, the ordering-safe
+                    to-host copy, forward context, graph wrapping, the vendor's
+                    runner and worker bases;
+2. defaults      -- methods the core or selection call that most drivers
+                    inherit: peak memory, distributed backend, visible-devices
+                    parsing, graph-capture context, sampler preparation, model
+                    and vLLM-platform checks, identity report;
+3. kit operations (optional) -- streams, events, generators, the torch graph
+                    primitive, sampler, CPU/device buffers, attention metadata:
+                    the core never calls them, the conformance kit
+                    (:mod:`omni_backends.testing`) exercises them. Marked with
+                    :func:`kit_operation`.
 
-1. identity and probe      -- class attributes + :meth:`Backend.probe`
-2. capabilities            -- :meth:`Backend.capabilities`
-3. device operations       -- device, streams, events, memory, generators,
-                              ordering-safe copies, the torch graph primitive
-4. forward context         -- :meth:`Backend.forward_context`
-5. graph wrapping          -- :meth:`Backend.wrap_graph` and friends
-6. sampler                 -- :meth:`Backend.make_sampler`
-7. CPU/device buffers      -- :meth:`Backend.make_buffer`, :meth:`Backend.copy_to_device`
-8. attention metadata      -- :meth:`Backend.common_attn_metadata_cls` and the
-                              shared invariant check :func:`check_attn_metadata`
-9. runner/worker bases     -- :meth:`Backend.model_runner_base`, :meth:`Backend.worker_base`
-10. vLLM platform binding  -- :meth:`Backend.vllm_platform_env`, :meth:`Backend.check_vllm_platform`
+Policy every driver shares lives in :mod:`omni_backends.policy` (re-exported
+here): :func:`capture_sizes` (graph capture sizes) and
+:func:`check_attn_metadata` (``CommonAttentionMetadata`` invariants).
 
 Vendor stacks (``vllm``, ``torch_npu``, ``intel_extension_for_pytorch``) are
 imported lazily inside methods, never at module import, and a driver never
@@ -30,12 +35,34 @@ import abc
 import contextlib
 import dataclasses
 import enum
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Iterator, Mapping
+import warnings
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Iterator, Mapping, TypeVar
 
 from omni_backends.device_lists import parse_generic
+from omni_backends.policy import capture_sizes, check_attn_metadata
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def kit_operation(fn: _F) -> _F:
+    """Mark a :class:`Backend` method as a kit operation (part 3): optional for
+    the core, exercised by the conformance kit. Sets ``__kit_operation__``."""
+    fn.__kit_operation__ = True  # type: ignore[attr-defined]
+    return fn
+
+
+def kit_operation_missing(backend: "Backend", method: str) -> NotImplementedError:
+    """The error a kit operation's default raises: names the driver, the
+    method and why only the kit needs it."""
+    return NotImplementedError(
+        f"driver {backend.name!r} does not implement Backend.{method}, an optional kit operation: the core never "
+        f"calls it, the conformance kit does. Implement it (or build on TorchAcceleratorBackend / "
+        f"VllmUpstreamBackend) to run the kit; see docs/vendor-guide.md."
+    )
+
 
 #: Version of this interface. A driver lists the versions it implements in
 #: ``Backend.interface_versions``; the registry refuses a driver whose list
@@ -110,8 +137,9 @@ class Capabilities:
     - ``pinned_memory``: page-locked host buffers are available.
     - ``v1_runner`` / ``v2_runner``: vLLM's V1 / V2 model runner can run.
     - ``talker_mtp_graph``: the talker MTP head may be graph-captured.
-    - ``device_sync_after_replay_safe``: a device-wide synchronize right after a
-      graph replay is safe (False on XPU; use a stream synchronize instead).
+
+    ``device_sync_after_replay_safe`` (no caller read it) is still accepted for
+    one release, with a ``DeprecationWarning``, and ignored.
     """
 
     static_graph_modes: tuple[str, ...] = ()
@@ -121,7 +149,12 @@ class Capabilities:
     v1_runner: bool = True
     v2_runner: bool = False
     talker_mtp_graph: bool = False
-    device_sync_after_replay_safe: bool = True
+    device_sync_after_replay_safe: dataclasses.InitVar[bool | None] = None
+
+    def __post_init__(self, device_sync_after_replay_safe: bool | None) -> None:
+        if device_sync_after_replay_safe is not None:
+            warnings.warn("Capabilities(device_sync_after_replay_safe=...) is deprecated and ignored: nothing reads it; "
+                          "it will be removed in the next release", DeprecationWarning, stacklevel=3)
 
     @property
     def static_graphs(self) -> bool:
@@ -133,73 +166,18 @@ class Capabilities:
         return d
 
 
-def capture_sizes(max_batch: int, *, min_size: int = 1) -> list[int]:
-    """Batch sizes to capture graphs for; the one policy every driver shares.
-
-    Mirrors vLLM's default ladder (``VllmConfig._set_cudagraph_sizes``:
-    1, 2, 4, then multiples of 8 up to 256, then multiples of 16), cut at
-    ``max_batch`` and always *including* ``max_batch`` itself, so the largest
-    configured batch never falls back to eager.
-
-    Returns a strictly increasing list of ints in ``[min_size, max_batch]``.
-    Raises ``ValueError`` if ``max_batch < 1`` or ``min_size`` is out of range.
-    """
-    if not isinstance(max_batch, int) or max_batch < 1:
-        raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
-    if min_size < 1 or min_size > max_batch:
-        raise ValueError(f"min_size must be in [1, {max_batch}], got {min_size}")
-    ladder = [1, 2, 4, *range(8, 256, 8), *range(256, max_batch + 1, 16)]
-    sizes = sorted({s for s in ladder if min_size <= s <= max_batch} | {max_batch})
-    return sizes
-
-
-def check_attn_metadata(
-    query_start_loc: "torch.Tensor",
-    seq_lens: "torch.Tensor",
-    slot_mapping: "torch.Tensor | None" = None,
-    *,
-    num_reqs: int | None = None,
-    num_actual_tokens: int | None = None,
-) -> None:
-    """Check the invariants of a ``CommonAttentionMetadata`` batch.
-
-    Arguments mirror ``vllm.v1.attention.backend.CommonAttentionMetadata``:
-    ``query_start_loc`` int32 ``[num_reqs + 1]``, ``seq_lens`` int32
-    ``[num_reqs]``, ``slot_mapping`` int64 ``[num_tokens]`` (negative = padding,
-    never written to the KV cache).
-
-    Raises ``ValueError`` naming the broken invariant:
-    query_start_loc starts at 0 and is non-decreasing; ``seq_lens >= query_lens``
-    per request; ``num_actual_tokens`` equals ``query_start_loc[num_reqs]``;
-    padding slots (< 0) appear only at or after ``num_actual_tokens``.
-    """
-    qsl = query_start_loc.detach().to("cpu").long()
-    sl = seq_lens.detach().to("cpu").long()
-    n = int(num_reqs) if num_reqs is not None else sl.numel()
-    if qsl.numel() < n + 1:
-        raise ValueError(f"query_start_loc has {qsl.numel()} entries, need num_reqs + 1 = {n + 1}")
-    if int(qsl[0]) != 0:
-        raise ValueError(f"query_start_loc must start at 0, starts at {int(qsl[0])}")
-    q = qsl[1 : n + 1] - qsl[:n]
-    if bool((q < 0).any()):
-        raise ValueError(f"query_start_loc must be monotonic non-decreasing: {qsl[: n + 1].tolist()}")
-    if bool((sl[:n] < q).any()):
-        raise ValueError(f"seq_lens must be >= query_lens per request: seq_lens={sl[:n].tolist()} query_lens={q.tolist()}")
-    total = int(qsl[n])
-    if num_actual_tokens is not None and int(num_actual_tokens) != total:
-        raise ValueError(f"num_actual_tokens={num_actual_tokens} but query_start_loc[num_reqs]={total}")
-    if slot_mapping is not None:
-        sm = slot_mapping.detach().to("cpu").long()
-        if bool((sm[:total] < 0).any()):
-            raise ValueError("a real token (index < num_actual_tokens) has a negative (padding) slot id")
-
-
 class Backend(abc.ABC):
     """One hardware backend. One instance per process, selected once.
 
     Identity is data (class attributes); behaviour is methods. Every method
     that names a vLLM or vendor symbol delegates to it; nothing here
-    re-implements vLLM.
+    re-implements vLLM. Read top to bottom: (1) what a driver must write,
+    (2) what it may override, (3) the optional kit operations.
+
+    Drivers on PyTorch's device-generic API build on
+    :class:`omni_backends.torch_device.TorchAcceleratorBackend` and drivers on
+    vLLM's own components on :class:`omni_backends.vllm_upstream.VllmUpstreamBackend`,
+    both ``Backend`` subclasses that write most of parts 1 and 3.
     """
 
     # ---------------------------------------------------------------- identity
@@ -228,7 +206,12 @@ class Backend(abc.ABC):
     #: ``vllm.platforms.current_platform.device_type`` this driver needs.
     vllm_device_type: ClassVar[str]
 
-    # ------------------------------------------------------------------ probe
+    # ======================================================================
+    # 1. Required: abstract, called by the core runner (core/) or by this
+    #    package's selection and placement. A driver writes every one.
+    # ======================================================================
+
+    # ---------------------------------------------------------- probe
     @classmethod
     @abc.abstractmethod
     def probe(cls) -> ProbeResult:
@@ -246,16 +229,10 @@ class Backend(abc.ABC):
     def capabilities(self) -> Capabilities:
         """Static capability flags of this driver on the installed stack."""
 
-    # ---------------------------------------------------------- device ops
+    # ---------------------------------------------------------- device
     @abc.abstractmethod
     def device(self, index: int | None = None) -> "torch.device":
         """The ``torch.device`` for ``index`` (current device when ``None``)."""
-
-    @abc.abstractmethod
-    def set_device(self, index: int) -> None:
-        """Make device ``index`` current for this thread
-        (``torch.accelerator.set_device_index``). Raises ``RuntimeError`` for a
-        bad index."""
 
     @abc.abstractmethod
     def device_count(self) -> int:
@@ -266,46 +243,8 @@ class Backend(abc.ABC):
         """Wait for all work on the current device (``torch.accelerator.synchronize``)."""
 
     @abc.abstractmethod
-    def new_stream(self) -> Any:
-        """A new side stream on the current device (``torch.Stream``)."""
-
-    @abc.abstractmethod
-    def current_stream(self) -> Any:
-        """The current stream (``torch.accelerator.current_stream``)."""
-
-    @abc.abstractmethod
-    def stream_context(self, stream: Any) -> ContextManager[Any]:
-        """Make ``stream`` current inside the ``with`` block."""
-
-    @abc.abstractmethod
-    def new_event(self, enable_timing: bool = False) -> Any:
-        """A new event (``torch.Event``) with ``record()``, ``synchronize()``,
-        ``wait(stream)`` and, if ``enable_timing``, ``elapsed_time`` (ms)."""
-
-    @abc.abstractmethod
     def memory_info(self) -> tuple[int, int]:
         """``(free, total)`` device memory in bytes (``torch.accelerator.get_memory_info``)."""
-
-    def peak_memory(self) -> int | None:
-        """Peak device memory this process's allocator has held, in bytes
-        (``torch.accelerator.max_memory_reserved``: allocator blocks incl. graph
-        pools, not the driver context); ``None`` where the driver cannot tell
-        (the default). Never raises."""
-        return None
-
-    @abc.abstractmethod
-    def empty_cache(self) -> None:
-        """Release cached, unused allocator blocks (``torch.accelerator.empty_cache``)."""
-
-    @abc.abstractmethod
-    def generator(self, seed: int) -> "torch.Generator":
-        """A ``torch.Generator`` on this device seeded with ``seed``; the same
-        seed yields the same random stream."""
-
-    def is_device_tensor(self, tensor: "torch.Tensor") -> bool:
-        """True if ``tensor`` lives on this driver's device type. Replaces every
-        ``t.is_cuda`` / ``device.type == "cuda"`` test in the core."""
-        return tensor.device.type == self.device_type
 
     @abc.abstractmethod
     def to_host(self, tensor: "torch.Tensor") -> "torch.Tensor":
@@ -314,27 +253,73 @@ class Backend(abc.ABC):
         stream-ordered (``Capabilities.d2h_stream_ordered``), a blocking copy
         otherwise."""
 
-    # torch-level graph primitive (what the vendor graph wrappers build on)
-    def new_graph(self) -> Any:
-        """A new, empty device graph (``torch.cuda.CUDAGraph`` /
-        ``torch.npu.NPUGraph`` / ``torch.xpu.XPUGraph``).
+    # ---------------------------------------------------------- forward context
+    @abc.abstractmethod
+    def forward_context(
+        self,
+        attn_metadata: Any,
+        vllm_config: Any,
+        *,
+        num_tokens: int | None = None,
+        num_tokens_across_dp: "torch.Tensor | None" = None,
+        cudagraph_runtime_mode: Any = None,
+        batch_descriptor: Any = None,
+        ubatch_slices: Any = None,
+        slot_mapping: Any = None,
+        skip_compiled: bool = False,
+        is_padding: Any = None,
+        num_actual_tokens: int | None = None,
+        model: Any = None,
+        is_profile: bool = False,
+    ) -> ContextManager[None]:
+        """Set vLLM's forward context for one forward pass; the core calls it as
+        ``forward_context(None, vllm_config, num_tokens=p, cudagraph_runtime_mode=
+        CUDAGraphMode.FULL, batch_descriptor=BatchDescriptor(num_tokens=p))``.
 
-        Raises ``NotImplementedError`` when ``capabilities().static_graphs`` is False.
+        Takes the arguments of ``vllm.forward_context.set_forward_context``
+        (``cudagraph_runtime_mode`` is a ``CUDAGraphMode``; ``None`` means
+        ``CUDAGraphMode.NONE``; ``batch_descriptor`` a ``BatchDescriptor``;
+        ``slot_mapping`` a dict layer name -> int64 ``[num_tokens]``) plus the
+        extras some vendors need (``num_actual_tokens``, ``model``,
+        ``is_profile``). Every driver keeps exactly this signature (the kit and
+        ``tests/test_backend_contract.py`` compare it) and maps the arguments onto
+        its vendor call, dropping what that call does not take; a driver raises
+        :class:`~omni_backends.errors.OmniBackendError` for an argument its
+        vendor cannot honour (e.g. ``ubatch_slices`` on Ascend).
         """
-        raise NotImplementedError(f"driver {self.name!r} has no static graphs (capabilities().static_graph_modes is empty)")
 
-    def graph_capture(self, graph: Any, pool: Any = None, stream: Any = None) -> ContextManager[Any]:
-        """Capture the work issued inside the block into ``graph``
-        (``torch.cuda.graph(graph, pool=, stream=)`` and its vendor twins).
-        Replay with ``graph.replay()``: inputs must live in persistent buffers
-        updated in place. Raises ``NotImplementedError`` without static graphs."""
-        raise NotImplementedError(f"driver {self.name!r} has no static graphs")
+    # ---------------------------------------------------------- graph wrapping
+    @abc.abstractmethod
+    def wrap_graph(self, runnable: Callable[..., Any], vllm_config: Any, runtime_mode: Any) -> Callable[..., Any]:
+        """Wrap ``runnable`` for static-graph capture/replay in ``runtime_mode``
+        (a ``CUDAGraphMode``) with the vendor's wrapper
+        (``vllm.compilation.cuda_graph.CUDAGraphWrapper`` /
+        ``vllm_ascend.compilation.acl_graph.ACLGraphWrapper``). Returns
+        ``runnable`` itself when the driver has no static graphs."""
 
-    def graph_pool_handle(self) -> Any:
-        """A memory-pool handle shared by several captures (``torch.cuda.graph_pool_handle``)."""
-        raise NotImplementedError(f"driver {self.name!r} has no static graphs")
+    # ---------------------------------------------------------- runner / worker bases
+    @abc.abstractmethod
+    def model_runner_base(self, v2: bool = False) -> type:
+        """The vendor's model-runner class the omni runner builds on (V1 or V2).
+        Raises :class:`~omni_backends.errors.OmniBackendError` if ``v2`` is asked
+        for and the driver cannot run it."""
 
-    # ---------------------------------------------------------- distributed
+    @abc.abstractmethod
+    def worker_base(self) -> type:
+        """The vendor's vLLM worker class the omni workers subclass."""
+
+    # ======================================================================
+    # 2. Defaults: called by the core or this package; override where the
+    #    device differs.
+    # ======================================================================
+
+    def peak_memory(self) -> int | None:
+        """Peak device memory this process's allocator has held, in bytes
+        (``torch.accelerator.max_memory_reserved``: allocator blocks incl. graph
+        pools, not the driver context); ``None`` where the driver cannot tell
+        (the default). Never raises."""
+        return None
+
     def distributed_backend(self) -> str:
         """The ``torch.distributed`` backend name vLLM's distributed init must
         receive in every rank (``nccl`` / ``hccl`` / ``xccl`` or ``ccl`` / ``gloo``).
@@ -366,62 +351,10 @@ class Backend(abc.ABC):
         ``{visible_devices_env: device_id}``; ``{}`` without a variable."""
         return {cls.visible_devices_env: device_id} if cls.visible_devices_env else {}
 
-    # ------------------------------------------------------ forward context
-    @abc.abstractmethod
-    def forward_context(
-        self,
-        attn_metadata: Any,
-        vllm_config: Any,
-        *,
-        num_tokens: int | None = None,
-        num_tokens_across_dp: "torch.Tensor | None" = None,
-        cudagraph_runtime_mode: Any = None,
-        batch_descriptor: Any = None,
-        ubatch_slices: Any = None,
-        slot_mapping: Any = None,
-        skip_compiled: bool = False,
-        num_actual_tokens: int | None = None,
-        model: Any = None,
-        is_profile: bool = False,
-    ) -> ContextManager[None]:
-        """Set vLLM's forward context for one forward pass.
-
-        Takes the arguments of ``vllm.forward_context.set_forward_context``
-        (``cudagraph_runtime_mode`` is a ``CUDAGraphMode``; ``None`` means
-        ``CUDAGraphMode.NONE``; ``batch_descriptor`` a ``BatchDescriptor``) plus
-        the extras some vendors need (``num_actual_tokens``, ``model``,
-        ``is_profile``); each driver maps them onto its vendor call and drops
-        what that call does not take.
-        """
-
-    # ----------------------------------------------------- graph wrapping
-    @abc.abstractmethod
-    def wrap_graph(self, runnable: Callable[..., Any], vllm_config: Any, runtime_mode: Any) -> Callable[..., Any]:
-        """Wrap ``runnable`` for static-graph capture/replay in ``runtime_mode``
-        (a ``CUDAGraphMode``) with the vendor's wrapper
-        (``vllm.compilation.cuda_graph.CUDAGraphWrapper`` /
-        ``vllm_ascend.compilation.acl_graph.ACLGraphWrapper``). Returns
-        ``runnable`` itself when the driver has no static graphs."""
-
     def graph_capture_context(self, device: "torch.device") -> ContextManager[Any]:
         """Context for a capture session (``vllm.distributed.parallel_state.graph_capture``).
         Default: a null context (no graphs)."""
         return contextlib.nullcontext()
-
-    def after_graph_replay(self, forward_context: Any, num_tokens: int) -> None:
-        """Hook run after a FULL-graph replay (Ascend patches frozen kernel
-        arguments here via ``update_full_graph_params``). Default: nothing."""
-
-    def clear_graphs(self) -> None:
-        """Drop every captured graph (``CUDAGraphWrapper.clear_all_graphs``). Default: nothing."""
-
-    # ------------------------------------------------------------ sampler
-    @abc.abstractmethod
-    def make_sampler(self, logprobs_mode: str = "raw_logprobs") -> Any:
-        """The vendor's V1 sampler (``vllm.v1.sample.sampler.Sampler`` /
-        ``vllm_ascend.sample.sampler.AscendSampler``): called as
-        ``sampler(logits=[num_reqs, vocab] float, sampling_metadata=SamplingMetadata)``
-        and returning ``SamplerOutput(sampled_token_ids=[num_reqs, 1] int32, ...)``."""
 
     def prepare_sampler(self, sampler: Any) -> Any:
         """Give the V1 sampler a model runner built (``GPUModelRunner.sampler``:
@@ -434,28 +367,165 @@ class Backend(abc.ABC):
         adds this to vLLM's ``TopKTopPSampler``). Default: ``sampler`` unchanged."""
         return sampler
 
-    # ------------------------------------------------------------ buffers
-    @abc.abstractmethod
+    def check_model_config(self, hf_config: Any) -> None:
+        """Refuse, before any engine starts, a model this device cannot run.
+
+        ``hf_config`` is the model's ``config.json`` as a dict. Raises
+        :class:`~omni_backends.errors.BadInputError` saying what to change
+        (e.g. an attention head size the device's attention backend lacks).
+        Default: accept everything.
+        """
+
+    def vllm_platform_env(self) -> dict[str, str]:
+        """Environment variables that make vLLM resolve this driver's platform
+        when set before ``vllm.platforms.current_platform`` is first read.
+        Default: none."""
+        return {}
+
+    def check_vllm_platform(self) -> None:
+        """Raise :class:`~omni_backends.errors.PlatformMismatchError` if vLLM's
+        ``current_platform.device_type`` is not ``vllm_device_type``."""
+        from omni_backends.errors import PlatformMismatchError
+        from vllm.platforms import current_platform
+
+        got = getattr(current_platform, "device_type", None)
+        if got != self.vllm_device_type:
+            raise PlatformMismatchError(
+                f"omni-backends selected driver {self.name!r} (vLLM platform {self.vllm_device_type!r}) but vLLM "
+                f"resolved platform {got!r}. Select the matching device with --device / OMNI_BACKENDS_DEVICE, or set "
+                f"{self.vllm_platform_env() or 'VLLM_PLUGINS'} before vLLM is imported."
+            )
+
+    @classmethod
+    def identity(cls) -> dict[str, Any]:
+        """Identity attributes as a JSON-able dict."""
+        return {
+            "name": cls.name,
+            "aliases": list(cls.aliases),
+            "device_type": cls.device_type,
+            "dist_backend": cls.dist_backend,
+            "visible_devices_env": cls.visible_devices_env,
+            "priority": cls.priority,
+            "vendor_requirements": dict(cls.vendor_requirements),
+            "interface_versions": list(cls.interface_versions),
+            "verification": [v.value for v in cls.verification],
+        }
+
+    # ======================================================================
+    # 3. Kit operations (optional): the core never calls these; the
+    #    conformance kit (omni_backends.testing.suite) exercises them to show
+    #    the device behaves as vLLM's components assume. A default raises
+    #    NotImplementedError naming the method, so the kit fails a driver
+    #    that lacks one; a driver that only runs the core may leave them.
+    # ======================================================================
+
+    # ---------------------------------------------------------- device ops
+    @kit_operation
+    def set_device(self, index: int) -> None:
+        """Make device ``index`` current for this thread
+        (``torch.accelerator.set_device_index``). Raises ``RuntimeError`` for a
+        bad index."""
+        raise kit_operation_missing(self, "set_device")
+
+    @kit_operation
+    def new_stream(self) -> Any:
+        """A new side stream on the current device (``torch.Stream``)."""
+        raise kit_operation_missing(self, "new_stream")
+
+    @kit_operation
+    def current_stream(self) -> Any:
+        """The current stream (``torch.accelerator.current_stream``)."""
+        raise kit_operation_missing(self, "current_stream")
+
+    @kit_operation
+    def stream_context(self, stream: Any) -> ContextManager[Any]:
+        """Make ``stream`` current inside the ``with`` block."""
+        raise kit_operation_missing(self, "stream_context")
+
+    @kit_operation
+    def new_event(self, enable_timing: bool = False) -> Any:
+        """A new event (``torch.Event``) with ``record()``, ``synchronize()``,
+        ``wait(stream)`` and, if ``enable_timing``, ``elapsed_time`` (ms)."""
+        raise kit_operation_missing(self, "new_event")
+
+    @kit_operation
+    def empty_cache(self) -> None:
+        """Release cached, unused allocator blocks (``torch.accelerator.empty_cache``)."""
+        raise kit_operation_missing(self, "empty_cache")
+
+    @kit_operation
+    def generator(self, seed: int) -> "torch.Generator":
+        """A ``torch.Generator`` on this device seeded with ``seed``; the same
+        seed yields the same random stream. Default:
+        ``torch.Generator(device=self.device()).manual_seed(seed)``."""
+        import torch
+
+        return torch.Generator(device=self.device()).manual_seed(int(seed))
+
+    @kit_operation
+    def is_device_tensor(self, tensor: "torch.Tensor") -> bool:
+        """True if ``tensor`` lives on this driver's device type. Replaces every
+        ``t.is_cuda`` / ``device.type == "cuda"`` test in the core."""
+        return tensor.device.type == self.device_type
+
+    # ---------------------------------------------------------- torch graph primitive (what graph wrappers build on)
+    @kit_operation
+    def new_graph(self) -> Any:
+        """A new, empty device graph (``torch.cuda.CUDAGraph`` /
+        ``torch.npu.NPUGraph`` / ``torch.xpu.XPUGraph``).
+
+        Raises ``NotImplementedError`` when ``capabilities().static_graphs`` is False.
+        """
+        raise NotImplementedError(f"driver {self.name!r} has no static graphs (capabilities().static_graph_modes is empty)")
+
+    @kit_operation
+    def graph_capture(self, graph: Any, pool: Any = None, stream: Any = None) -> ContextManager[Any]:
+        """Capture the work issued inside the block into ``graph``
+        (``torch.cuda.graph(graph, pool=, stream=)`` and its vendor twins).
+        Replay with ``graph.replay()``: inputs must live in persistent buffers
+        updated in place. Raises ``NotImplementedError`` without static graphs."""
+        raise NotImplementedError(f"driver {self.name!r} has no static graphs")
+
+    @kit_operation
+    def graph_pool_handle(self) -> Any:
+        """A memory-pool handle shared by several captures (``torch.cuda.graph_pool_handle``)."""
+        raise NotImplementedError(f"driver {self.name!r} has no static graphs")
+
+    # ---------------------------------------------------------- sampler
+    @kit_operation
+    def make_sampler(self, logprobs_mode: str = "raw_logprobs") -> Any:
+        """The vendor's V1 sampler (``vllm.v1.sample.sampler.Sampler`` /
+        ``vllm_ascend.sample.sampler.AscendSampler``): called as
+        ``sampler(logits=[num_reqs, vocab] float, sampling_metadata=SamplingMetadata)``
+        and returning ``SamplerOutput(sampled_token_ids=[num_reqs, 1] int32, ...)``."""
+        raise kit_operation_missing(self, "make_sampler")
+
+    # ---------------------------------------------------------- buffers
+    @kit_operation
     def make_buffer(self, *size: int, dtype: "torch.dtype", numpy: bool = True) -> Any:
         """A CPU/device buffer pair with ``vllm.v1.utils.CpuGpuBuffer``
         semantics (``.cpu``, ``.gpu``, ``.np``; ``numpy`` must be False for
         bfloat16), pinned when the device supports it."""
+        raise kit_operation_missing(self, "make_buffer")
 
-    @abc.abstractmethod
+    @kit_operation
     def copy_to_device(self, buffer: Any, n: int | None = None) -> "torch.Tensor":
         """Copy ``buffer.cpu[:n]`` into ``buffer.gpu[:n]`` and return the device
         slice, safe to consume by the next kernel and safe against the caller
         rewriting ``buffer.cpu`` right after. Where H2D is not stream-ordered
         the driver copies blocking or makes the current stream wait on an
         event."""
+        raise kit_operation_missing(self, "copy_to_device")
 
-    # ------------------------------------------------- attention metadata
-    @abc.abstractmethod
+    # ---------------------------------------------------------- attention metadata
+    @kit_operation
     def common_attn_metadata_cls(self) -> type:
         """The common attention-metadata class the vendor builders take
         (``vllm.v1.attention.backend.CommonAttentionMetadata`` /
         ``vllm_ascend.attention.utils.AscendCommonAttentionMetadata``)."""
+        raise kit_operation_missing(self, "common_attn_metadata_cls")
 
+    @kit_operation
     def write_kv_cache(
         self,
         key: "torch.Tensor",
@@ -482,64 +552,7 @@ class Backend(abc.ABC):
         for src, cache in ((key, key_cache), (value, value_cache)):
             cache.view(capacity, *cache.shape[2:]).index_copy_(0, slots[real], src[real].to(cache.dtype))
 
-    # ---------------------------------------------------- runner / worker
-    @abc.abstractmethod
-    def model_runner_base(self, v2: bool = False) -> type:
-        """The vendor's model-runner class the omni runner builds on (V1 or V2).
-        Raises :class:`~omni_backends.errors.OmniBackendError` if ``v2`` is asked
-        for and the driver cannot run it."""
-
-    @abc.abstractmethod
-    def worker_base(self) -> type:
-        """The vendor's vLLM worker class the omni workers subclass."""
-
-    # ------------------------------------------------------ model checks
-    def check_model_config(self, hf_config: Any) -> None:
-        """Refuse, before any engine starts, a model this device cannot run.
-
-        ``hf_config`` is the model's ``config.json`` as a dict. Raises
-        :class:`~omni_backends.errors.BadInputError` saying what to change
-        (e.g. an attention head size the device's attention backend lacks).
-        Default: accept everything.
-        """
-
-    # --------------------------------------------------- vLLM platform
-    def vllm_platform_env(self) -> dict[str, str]:
-        """Environment variables that make vLLM resolve this driver's platform
-        when set before ``vllm.platforms.current_platform`` is first read.
-        Default: none."""
-        return {}
-
-    def check_vllm_platform(self) -> None:
-        """Raise :class:`~omni_backends.errors.PlatformMismatchError` if vLLM's
-        ``current_platform.device_type`` is not ``vllm_device_type``."""
-        from omni_backends.errors import PlatformMismatchError
-        from vllm.platforms import current_platform
-
-        got = getattr(current_platform, "device_type", None)
-        if got != self.vllm_device_type:
-            raise PlatformMismatchError(
-                f"omni-backends selected driver {self.name!r} (vLLM platform {self.vllm_device_type!r}) but vLLM "
-                f"resolved platform {got!r}. Select the matching device with --device / OMNI_BACKENDS_DEVICE, or set "
-                f"{self.vllm_platform_env() or 'VLLM_PLUGINS'} before vLLM is imported."
-            )
-
-    # ------------------------------------------------------------- report
-    @classmethod
-    def identity(cls) -> dict[str, Any]:
-        """Identity attributes as a JSON-able dict."""
-        return {
-            "name": cls.name,
-            "aliases": list(cls.aliases),
-            "device_type": cls.device_type,
-            "dist_backend": cls.dist_backend,
-            "visible_devices_env": cls.visible_devices_env,
-            "priority": cls.priority,
-            "vendor_requirements": dict(cls.vendor_requirements),
-            "interface_versions": list(cls.interface_versions),
-            "verification": [v.value for v in cls.verification],
-        }
-
+    # ---------------------------------------------------------- report
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r}>"
 
@@ -548,3 +561,18 @@ class Backend(abc.ABC):
 def null_stream_context(stream: Any) -> Iterator[Any]:
     """A stream context for devices without streams (CPU)."""
     yield stream
+
+
+__all__ = [
+    "INTERFACE_VERSION",
+    "Backend",
+    "Capabilities",
+    "ProbeResult",
+    "ProbeState",
+    "Verification",
+    "capture_sizes",
+    "check_attn_metadata",
+    "kit_operation",
+    "kit_operation_missing",
+    "null_stream_context",
+]

@@ -3,25 +3,35 @@
 ``torch.accelerator`` (current device, synchronize, memory) plus
 ``torch.Stream`` / ``torch.Event`` work for every in-tree accelerator
 (CUDA, XPU) and for PrivateUse1 backends that register with it (torch_npu).
-Drivers whose device follows that API inherit :class:`TorchAcceleratorOps`
+Drivers whose device follows that API subclass :class:`TorchAcceleratorBackend`
 and provide only what torch has no generic form for (the graph class).
+Also here: the CPU/device buffer copy contracts (:class:`FencedHostBuffer`,
+:func:`copy_host_to_device`, :func:`copy_host_to_device_blocking`).
 Nothing here rebinds an attribute of ``torch``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, ContextManager, Iterator
 
+from omni_backends.backend import Backend
 
-class TorchAcceleratorOps:
-    """Mixin implementing the Backend device-operation group via ``torch.accelerator``.
 
-    Requires the class attribute ``device_type`` (``"cuda"``, ``"xpu"``, ``"npu"``)
-    and ``capabilities()`` (for the D2H ordering rule in :meth:`to_host`).
+class TorchAcceleratorBackend(Backend):
+    """A :class:`~omni_backends.backend.Backend` whose device operations are
+    ``torch.accelerator``'s (the way vLLM's ``CudaPlatformBase`` is a ``Platform``).
+
+    Writes the device part of the required group (``device``, ``device_count``,
+    ``synchronize``, ``memory_info``, ``to_host``), ``peak_memory``, and the
+    device kit operations (``set_device``, streams, events, ``empty_cache``).
+    A subclass sets ``device_type`` (``"cuda"``, ``"xpu"``, ``"npu"``) and still
+    writes ``probe``, ``capabilities`` (:meth:`to_host` reads its D2H ordering
+    flag), the forward context, graph wrapping and the runner bases -- or
+    inherits the last three from
+    :class:`~omni_backends.vllm_upstream.VllmUpstreamBackend` as well.
     """
-
-    device_type: str
 
     def device(self, index: int | None = None):
         import torch
@@ -107,11 +117,6 @@ class TorchAcceleratorOps:
         fn = getattr(torch.accelerator, "empty_cache", None) or getattr(torch, self.device_type).empty_cache
         fn()
 
-    def generator(self, seed: int):
-        import torch
-
-        return torch.Generator(device=self.device()).manual_seed(int(seed))
-
     def to_host(self, tensor):
         """D2H copy that is complete on return: pinned non-blocking copy + event
         sync where D2H is stream-ordered, a blocking copy otherwise."""
@@ -119,7 +124,7 @@ class TorchAcceleratorOps:
 
         if tensor.device.type == "cpu":
             return tensor
-        if not self.capabilities().d2h_stream_ordered:  # type: ignore[attr-defined]
+        if not self.capabilities().d2h_stream_ordered:
             return tensor.to("cpu", non_blocking=False)
         out = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
         out.copy_(tensor, non_blocking=True)
@@ -299,6 +304,26 @@ def copy_host_to_device(buffer: Any, n: int | None = None) -> Any:
     ev.record()
     ev.synchronize()
     return gpu
+
+
+def copy_host_to_device_blocking(buffer: Any, n: int | None = None) -> Any:
+    """``Backend.copy_to_device`` for drivers whose H2D copies are *not*
+    stream-ordered (``Capabilities.h2d_stream_ordered=False``): a blocking copy
+    of ``buffer.cpu[:n]`` into ``buffer.gpu[:n]``, so on return the device slice
+    is complete and ``buffer.cpu`` may be rewritten. Returns the device slice."""
+    src = buffer.cpu if n is None else buffer.cpu[:n]
+    dst = buffer.gpu if n is None else buffer.gpu[:n]
+    dst.copy_(src, non_blocking=False)
+    return dst
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TorchAcceleratorOps":
+        warnings.warn("omni_backends.torch_device.TorchAcceleratorOps is deprecated: subclass TorchAcceleratorBackend "
+                      "(a Backend) instead; the alias will be removed in the next release",
+                      DeprecationWarning, stacklevel=2)
+        return TorchAcceleratorBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------

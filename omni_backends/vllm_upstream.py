@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, ContextManager
+import warnings
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
+from omni_backends.backend import Backend
 from omni_backends.binding import VendorSymbol
+from omni_backends.torch_device import copy_host_to_device_blocking
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import torch
 
 SET_FORWARD_CONTEXT = VendorSymbol(
     "vllm.forward_context",
@@ -39,7 +45,6 @@ CUDA_GRAPH_WRAPPER = VendorSymbol(
     required=("runnable", "vllm_config", "runtime_mode"),
     kind="class",
 )
-CUDA_GRAPH_WRAPPER_CLEAR = VendorSymbol("vllm.compilation.cuda_graph", "CUDAGraphWrapper.clear_all_graphs", required=())
 GRAPH_CAPTURE = VendorSymbol("vllm.distributed.parallel_state", "graph_capture", params=("device",), required=("device",))
 SAMPLER = VendorSymbol("vllm.v1.sample.sampler", "Sampler", params=("logprobs_mode",), required=(), kind="class")
 # The seam of the one-token rule (:func:`install_one_token_greedy`): vLLM's V1 ``Sampler.sample`` applies the
@@ -65,10 +70,19 @@ CPU_GPU_BUFFER = VendorSymbol(
 COMMON_ATTN_METADATA = VendorSymbol("vllm.v1.attention.backend", "CommonAttentionMetadata", kind="class")
 
 
-class VllmUpstreamBindings:
-    """Mixin: the Backend groups that delegate straight to upstream vLLM.
+class VllmUpstreamBackend(Backend):
+    """A :class:`~omni_backends.backend.Backend` whose forward context, graph
+    wrapper, sampler, ``CpuGpuBuffer`` and ``CommonAttentionMetadata`` are
+    upstream vLLM's (the cpu, cuda and xpu drivers; an out-of-tree driver on
+    vLLM's own components).
 
-    Needs ``capabilities()`` and ``device()`` from the driver.
+    Writes ``forward_context`` and ``wrap_graph`` (required), the defaults
+    ``graph_capture_context`` and ``prepare_sampler``, and the kit operations
+    ``make_sampler``, ``make_buffer``, ``copy_to_device``,
+    ``common_attn_metadata_cls``; each reads the driver's ``capabilities()``
+    (and ``device()`` for buffers). Combine it with
+    :class:`~omni_backends.torch_device.TorchAcceleratorBackend` for the device
+    operations: ``class MyBackend(TorchAcceleratorBackend, VllmUpstreamBackend)``.
     """
 
     def forward_context(
@@ -77,7 +91,7 @@ class VllmUpstreamBindings:
         vllm_config: Any,
         *,
         num_tokens: int | None = None,
-        num_tokens_across_dp: Any = None,
+        num_tokens_across_dp: "torch.Tensor | None" = None,
         cudagraph_runtime_mode: Any = None,
         batch_descriptor: Any = None,
         ubatch_slices: Any = None,
@@ -108,20 +122,15 @@ class VllmUpstreamBindings:
     def wrap_graph(self, runnable: Callable[..., Any], vllm_config: Any, runtime_mode: Any) -> Callable[..., Any]:
         """``CUDAGraphWrapper(runnable, vllm_config, runtime_mode)`` when the
         driver has static graphs; ``runnable`` unchanged otherwise."""
-        if not self.capabilities().static_graphs:  # type: ignore[attr-defined]
+        if not self.capabilities().static_graphs:
             return runnable
         return CUDA_GRAPH_WRAPPER.resolve()(runnable, vllm_config, runtime_mode=runtime_mode)
 
     def graph_capture_context(self, device: Any) -> ContextManager[Any]:
         """``vllm.distributed.parallel_state.graph_capture(device)``; a null context without graphs."""
-        if not self.capabilities().static_graphs:  # type: ignore[attr-defined]
+        if not self.capabilities().static_graphs:
             return contextlib.nullcontext()
         return GRAPH_CAPTURE.resolve()(device=device)
-
-    def clear_graphs(self) -> None:
-        """``CUDAGraphWrapper.clear_all_graphs()``; nothing without graphs."""
-        if self.capabilities().static_graphs:  # type: ignore[attr-defined]
-            CUDA_GRAPH_WRAPPER_CLEAR.resolve()()
 
     def make_sampler(self, logprobs_mode: str = "raw_logprobs") -> Any:
         """``vllm.v1.sample.sampler.Sampler(logprobs_mode=...)`` with the one-token
@@ -140,24 +149,30 @@ class VllmUpstreamBindings:
         return CPU_GPU_BUFFER.resolve()(
             *size,
             dtype=dtype,
-            device=self.device(),  # type: ignore[attr-defined]
-            pin_memory=self.capabilities().pinned_memory,  # type: ignore[attr-defined]
+            device=self.device(),
+            pin_memory=self.capabilities().pinned_memory,
             with_numpy=numpy,
         )
 
     def copy_to_device(self, buffer: Any, n: int | None = None) -> Any:
         """``buffer.copy_to_gpu(n)`` (non-blocking) where H2D is stream-ordered;
         a blocking copy otherwise, so the pinned source may be reused at once."""
-        if self.capabilities().h2d_stream_ordered:  # type: ignore[attr-defined]
+        if self.capabilities().h2d_stream_ordered:
             return buffer.copy_to_gpu(n)
-        src = buffer.cpu if n is None else buffer.cpu[:n]
-        dst = buffer.gpu if n is None else buffer.gpu[:n]
-        dst.copy_(src, non_blocking=False)
-        return dst
+        return copy_host_to_device_blocking(buffer, n)
 
     def common_attn_metadata_cls(self) -> type:
         """``vllm.v1.attention.backend.CommonAttentionMetadata``."""
         return COMMON_ATTN_METADATA.resolve()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "VllmUpstreamBindings":
+        warnings.warn("omni_backends.vllm_upstream.VllmUpstreamBindings is deprecated: subclass VllmUpstreamBackend "
+                      "(a Backend) instead; the alias will be removed in the next release",
+                      DeprecationWarning, stacklevel=2)
+        return VllmUpstreamBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ------------------------------------------------------------------ the one-token sampling rule

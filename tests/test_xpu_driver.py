@@ -49,7 +49,7 @@ def test_graph_capability_follows_torch_xpu_graph_support(xpu_backend, monkeypat
     assert xpu.xpu_graphs_supported() is False
     caps = xpu_backend.capabilities()
     assert caps.static_graph_modes == () and caps.talker_mtp_graph is False
-    assert caps.d2h_stream_ordered is False and caps.device_sync_after_replay_safe is False
+    assert caps.d2h_stream_ordered is False
     with pytest.raises(NotImplementedError, match="XPU graphs"):
         xpu_backend.new_graph()
 
@@ -75,15 +75,6 @@ def test_wrap_graph_on_uses_vllm_cuda_graph_wrapper(xpu_backend, monkeypatch):
 
     assert xpu_backend.wrap_graph(runnable, "cfg", FULL) == ("wrapped", runnable)
     assert rec.calls[0]["runtime_mode"] is FULL and rec.calls[0]["vllm_config"] == "cfg"
-
-
-def test_after_replay_synchronises_the_stream_not_the_device(xpu_backend, monkeypatch):
-    synced = []
-    monkeypatch.setattr(XpuBackend, "current_stream", lambda self: types.SimpleNamespace(
-        synchronize=lambda: synced.append("stream")))
-    monkeypatch.setattr(XpuBackend, "synchronize", lambda self: pytest.fail("device-wide synchronize after replay"))
-    xpu_backend.after_graph_replay(types.SimpleNamespace(), 8)
-    assert synced == ["stream"]
 
 
 def test_forward_context_maps_onto_vllm_set_forward_context(xpu_backend, monkeypatch):

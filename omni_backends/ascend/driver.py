@@ -6,20 +6,18 @@ What differs on Ascend, each delegated to the vendor symbol declared below:
   (vLLM's ``cudagraph_runtime_mode`` -> ``aclgraph_runtime_mode``,
   ``is_profile`` -> ``in_profile_run``, ``model`` -> ``model_instance``;
   ``slot_mapping``/``is_padding`` dropped, ``ubatch_slices`` refused);
-- graphs: ``vllm_ascend.compilation.acl_graph.ACLGraphWrapper``, the capture
-  context ``vllm_ascend.worker.model_runner_v1.graph_capture`` and, after a
-  FULL-graph replay, ``update_full_graph_params`` (ACL graphs freeze kernel
-  arguments; attention re-issues them with the live ``seq_lens``);
+- graphs: ``vllm_ascend.compilation.acl_graph.ACLGraphWrapper`` and the capture
+  context ``vllm_ascend.worker.model_runner_v1.graph_capture``;
 - sampler: ``vllm_ascend.sample.sampler.AscendSampler``;
 - buffers: vLLM's ``CpuGpuBuffer`` pinned per ``NPUPlatform.is_pin_memory_available``;
   host-to-device copies are *not* ordered with the next kernel
   (``Capabilities.h2d_stream_ordered=False``), so :meth:`AscendBackend.copy_to_device`
   copies blocking: the data is on the device and the pinned source may be
   rewritten when it returns;
-- attention metadata: ``AscendCommonAttentionMetadata`` + ``AscendAttentionState``;
+- attention metadata: ``AscendCommonAttentionMetadata``;
 - bases: vllm-ascend's V1 / V2 ``NPUModelRunner`` and ``NPUWorker``;
 - device ops: ``torch.accelerator`` once ``torch_npu`` registered the ``npu``
-  device (:class:`~omni_backends.torch_device.TorchAcceleratorOps`), graphs on
+  device (:class:`~omni_backends.torch_device.TorchAcceleratorBackend`), graphs on
   ``torch.npu.NPUGraph`` (``torch_npu.npu``); ``hccl``; ``ASCEND_RT_VISIBLE_DEVICES``.
 
 Probing never imports ``torch_npu`` unless an NPU device node exists and the
@@ -35,17 +33,18 @@ and on simulated devices (``tests/simulated/``); never on an Ascend NPU.
 from __future__ import annotations
 
 import os
-import threading
-import weakref
-from typing import Any, Callable, ClassVar, ContextManager, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Mapping
 
-from omni_backends.backend import Backend, Capabilities, ProbeResult, ProbeState, Verification
+from omni_backends.backend import Capabilities, ProbeResult, ProbeState, Verification
 from omni_backends.binding import VendorSymbol
 from omni_backends.device_lists import ORDINAL, check_range, refuse_descending, refuse_duplicates, split_entries
 from omni_backends.errors import OmniBackendError, PlacementError
 from omni_backends.probing import device_nodes, find_shared_library, install_hint, version_mismatches, versions_of
-from omni_backends.torch_device import TorchAcceleratorOps
-from omni_backends.vllm_upstream import CPU_GPU_BUFFER, CUDAGRAPH_MODE, VllmUpstreamBindings, install_one_token_greedy
+from omni_backends.torch_device import TorchAcceleratorBackend, copy_host_to_device_blocking
+from omni_backends.vllm_upstream import CPU_GPU_BUFFER, install_one_token_greedy
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import torch
 
 # ------------------------------------------------------------ vendor symbols
 # Checked against vllm-ascend 0.23.0.post1 and torch-npu 2.10.0.post4 (docs/drift.md).
@@ -76,16 +75,6 @@ ACL_GRAPH_WRAPPER = VendorSymbol(
     dist="vllm-ascend",
     kind="class",
 )
-ACL_GRAPH_ENTRIES = VendorSymbol(
-    "vllm_ascend.compilation.acl_graph", "ACLGraphWrapper.concrete_aclgraph_entries", dist="vllm-ascend", kind="attribute"
-)
-UPDATE_FULL_GRAPH_PARAMS = VendorSymbol(
-    "vllm_ascend.compilation.acl_graph",
-    "update_full_graph_params",
-    params=("attn_backend", "update_stream", "forward_context", "num_tokens", "vllm_config", "speculative_config"),
-    required=("attn_backend", "update_stream", "forward_context", "num_tokens", "vllm_config"),
-    dist="vllm-ascend",
-)
 ACL_GRAPH_CAPTURE = VendorSymbol(
     "vllm_ascend.worker.model_runner_v1", "graph_capture", params=("device",), required=("device",), dist="vllm-ascend"
 )
@@ -102,16 +91,6 @@ NPU_PIN_MEMORY = VendorSymbol(
 )
 ASCEND_COMMON_ATTN_METADATA = VendorSymbol(
     "vllm_ascend.attention.utils", "AscendCommonAttentionMetadata", dist="vllm-ascend", kind="class"
-)
-ASCEND_ATTENTION_STATE = VendorSymbol(
-    "vllm_ascend.attention.attention_v1", "AscendAttentionState", dist="vllm-ascend", kind="class"
-)
-BUILD_ATTN_STATE = VendorSymbol(
-    "vllm_ascend.worker.v2.attn_utils",
-    "build_attn_state",
-    params=("vllm_config", "seq_lens_np", "num_reqs", "num_scheduled_tokens", "num_valid_tokens"),
-    required=("vllm_config", "seq_lens_np", "num_reqs", "num_scheduled_tokens", "num_valid_tokens"),
-    dist="vllm-ascend",
 )
 NPU_MODEL_RUNNER_V1 = VendorSymbol(
     "vllm_ascend.worker.model_runner_v1",
@@ -143,7 +122,6 @@ NPU_GRAPH_CAPTURE = VendorSymbol(
     "torch_npu.npu", "graph", params=("npu_graph", "pool", "stream"), required=("npu_graph",), dist="torch-npu", kind="class"
 )
 NPU_GRAPH_POOL_HANDLE = VendorSymbol("torch_npu.npu", "graph_pool_handle", required=(), dist="torch-npu")
-NPU_STREAM = VendorSymbol("torch_npu.npu", "Stream", dist="torch-npu", kind="class")
 
 
 def cann_dirs() -> list[str]:
@@ -203,18 +181,7 @@ def ascend_forward_context_kwargs(
     return kwargs
 
 
-def attention_backend_of(forward_context: Any) -> Any:
-    """The attention backend class of the first attention layer in the forward
-    context (``ForwardContext.no_compile_layers[name].get_attn_backend()``),
-    or ``None`` when the model has no attention layer."""
-    for layer in getattr(forward_context, "no_compile_layers", {}).values():
-        get = getattr(layer, "get_attn_backend", None)
-        if callable(get):
-            return get()
-    return None
-
-
-class AscendBackend(TorchAcceleratorOps, Backend):
+class AscendBackend(TorchAcceleratorBackend):
     """Ascend NPU driver (see the module docstring for what each group delegates to)."""
 
     name: ClassVar[str] = "npu"
@@ -242,9 +209,6 @@ class AscendBackend(TorchAcceleratorOps, Backend):
         """``load_vendor`` imports ``torch_npu`` so ``torch.accelerator`` and
         ``torch.npu`` know the NPU (needed when ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``).
         Tests of the pure mapping logic pass ``load_vendor=False``."""
-        self._update_stream: Any = None
-        self._wrappers: "weakref.WeakSet[Any]" = weakref.WeakSet()
-        self._lock = threading.Lock()
         if load_vendor:
             TORCH_NPU.resolve()
 
@@ -332,7 +296,6 @@ class AscendBackend(TorchAcceleratorOps, Backend):
             # `omni-backends check-drift --driver npu` reports it (docs/drift.md).
             v2_runner=False,
             talker_mtp_graph=True,
-            device_sync_after_replay_safe=True,
         )
 
     # ------------------------------------------------- torch graph primitive
@@ -349,10 +312,31 @@ class AscendBackend(TorchAcceleratorOps, Backend):
         return NPU_GRAPH_POOL_HANDLE.resolve()()
 
     # ------------------------------------------------------ forward context
-    def forward_context(self, attn_metadata: Any, vllm_config: Any, **kwargs: Any) -> ContextManager[None]:
+    def forward_context(
+        self,
+        attn_metadata: Any,
+        vllm_config: Any,
+        *,
+        num_tokens: int | None = None,
+        num_tokens_across_dp: "torch.Tensor | None" = None,
+        cudagraph_runtime_mode: Any = None,
+        batch_descriptor: Any = None,
+        ubatch_slices: Any = None,
+        slot_mapping: Any = None,
+        skip_compiled: bool = False,
+        is_padding: Any = None,
+        num_actual_tokens: int | None = None,
+        model: Any = None,
+        is_profile: bool = False,
+    ) -> ContextManager[None]:
         """``set_ascend_forward_context(**ascend_forward_context_kwargs(...))``; see
         :func:`ascend_forward_context_kwargs` for the argument mapping and errors."""
-        mapped = ascend_forward_context_kwargs(attn_metadata, vllm_config, **kwargs)  # bad input fails first
+        mapped = ascend_forward_context_kwargs(  # bad input fails first
+            attn_metadata, vllm_config, num_tokens=num_tokens, num_tokens_across_dp=num_tokens_across_dp,
+            cudagraph_runtime_mode=cudagraph_runtime_mode, batch_descriptor=batch_descriptor,
+            ubatch_slices=ubatch_slices, slot_mapping=slot_mapping, skip_compiled=skip_compiled, is_padding=is_padding,
+            num_actual_tokens=num_actual_tokens, model=model, is_profile=is_profile,
+        )
         return SET_ASCEND_FORWARD_CONTEXT.resolve()(**mapped)
 
     # ------------------------------------------------------- graph wrapping
@@ -362,62 +346,12 @@ class AscendBackend(TorchAcceleratorOps, Backend):
         (the vendor wrapper refuses NONE) or static graphs are off."""
         if not self.capabilities().static_graphs or runtime_mode is None or getattr(runtime_mode, "name", "") == "NONE":
             return runnable
-        wrapper = ACL_GRAPH_WRAPPER.resolve()(runnable, vllm_config, runtime_mode=runtime_mode)
-        self._wrappers.add(wrapper)
-        return wrapper
+        return ACL_GRAPH_WRAPPER.resolve()(runnable, vllm_config, runtime_mode=runtime_mode)
 
     def graph_capture_context(self, device: Any) -> ContextManager[Any]:
         """vllm-ascend's ``graph_capture(device)``: a side ``torch.npu.Stream`` made
         current after it waited for the current stream."""
         return ACL_GRAPH_CAPTURE.resolve()(device=device)
-
-    def update_stream(self) -> Any:
-        """The side stream the FULL-graph parameter updates run on (one per
-        driver, created on first use like ``NPUModelRunner.update_stream``)."""
-        with self._lock:
-            if self._update_stream is None:
-                self._update_stream = NPU_STREAM.resolve()()
-            return self._update_stream
-
-    def after_graph_replay(
-        self, forward_context: Any, num_tokens: int, *, attn_backend: Any = None, vllm_config: Any = None
-    ) -> None:
-        """After a FULL ACL-graph replay, re-issue the frozen attention kernel
-        arguments: ``update_full_graph_params(attn_backend, update_stream,
-        forward_context, num_tokens, vllm_config, speculative_config)``.
-
-        Runs only when ``forward_context.cudagraph_runtime_mode`` is
-        ``CUDAGraphMode.FULL`` and the context is not capturing (vllm-ascend
-        sets ``forward_context.capturing`` during capture). ``attn_backend``
-        defaults to the first attention layer's backend in the forward context,
-        ``vllm_config`` to ``vllm.config.get_current_vllm_config()``."""
-        if forward_context is None or getattr(forward_context, "capturing", False):
-            return
-        if forward_context.cudagraph_runtime_mode != CUDAGRAPH_MODE.resolve().FULL:
-            return
-        attn_backend = attn_backend if attn_backend is not None else attention_backend_of(forward_context)
-        if attn_backend is None:
-            return  # nothing was frozen: no attention layer in this graph
-        if vllm_config is None:
-            from vllm.config import get_current_vllm_config
-
-            vllm_config = get_current_vllm_config()
-        UPDATE_FULL_GRAPH_PARAMS.resolve()(
-            attn_backend,
-            self.update_stream(),
-            forward_context,
-            num_tokens,
-            vllm_config,
-            speculative_config=getattr(vllm_config, "speculative_config", None),
-        )
-
-    def clear_graphs(self) -> None:
-        """Drop the graphs captured by every ``ACLGraphWrapper`` this driver made
-        (vllm-ascend 0.23 has no ``clear_all_graphs``; its per-wrapper cache is
-        ``ACLGraphWrapper.concrete_aclgraph_entries``)."""
-        attr = ACL_GRAPH_ENTRIES.attr.rpartition(".")[2]
-        for wrapper in list(self._wrappers):
-            getattr(wrapper, attr).clear()
 
     # ---------------------------------------------------------------- sampler
     def make_sampler(self, logprobs_mode: str = "raw_logprobs") -> Any:
@@ -444,25 +378,12 @@ class AscendBackend(TorchAcceleratorOps, Backend):
         """Blocking copy of ``buffer.cpu[:n]`` into ``buffer.gpu[:n]`` (H2D is not
         ordered with the next kernel on Ascend): on return the device slice is
         complete and ``buffer.cpu`` may be rewritten. Returns the device slice."""
-        return VllmUpstreamBindings.copy_to_device(self, buffer, n)  # type: ignore[arg-type]
+        return copy_host_to_device_blocking(buffer, n)
 
     # ----------------------------------------------------- attention metadata
     def common_attn_metadata_cls(self) -> type:
         """``vllm_ascend.attention.utils.AscendCommonAttentionMetadata``."""
         return ASCEND_COMMON_ATTN_METADATA.resolve()
-
-    def attn_state_cls(self) -> type:
-        """``vllm_ascend.attention.attention_v1.AscendAttentionState`` (PrefillNoCache,
-        PrefillCacheHit, DecodeOnly, ChunkedPrefill, SpecDecoding)."""
-        return ASCEND_ATTENTION_STATE.resolve()
-
-    def build_attn_state(self, vllm_config: Any, seq_lens_np: Any, num_reqs: int, num_scheduled_tokens: Any,
-                         num_valid_tokens: Any) -> Any:
-        """The ``AscendAttentionState`` of a batch
-        (``vllm_ascend.worker.v2.attn_utils.build_attn_state``): ``seq_lens_np``
-        int ``[>= num_reqs]``, ``num_scheduled_tokens`` / ``num_valid_tokens``
-        int ``[num_reqs]``."""
-        return BUILD_ATTN_STATE.resolve()(vllm_config, seq_lens_np, num_reqs, num_scheduled_tokens, num_valid_tokens)
 
     # ------------------------------------------------------------ bases
     def model_runner_base(self, v2: bool = False) -> type:

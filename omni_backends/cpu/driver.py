@@ -12,14 +12,13 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, ClassVar, ContextManager
 
-from omni_backends.backend import Backend, Capabilities, ProbeResult, ProbeState, Verification, null_stream_context
+from omni_backends.backend import Capabilities, ProbeResult, ProbeState, Verification, null_stream_context
 from omni_backends.binding import VendorSymbol
 from omni_backends.errors import OmniBackendError
 from omni_backends.probing import module_findable, version_mismatches, versions_of
-from omni_backends.vllm_upstream import VllmUpstreamBindings
+from omni_backends.vllm_upstream import VllmUpstreamBackend
 
 CPU_MODEL_RUNNER = VendorSymbol(
     "vllm.v1.worker.cpu_model_runner",
@@ -87,7 +86,7 @@ class _CpuEvent:
         return (end._t - self._t) * 1000.0
 
 
-class CpuBackend(VllmUpstreamBindings, Backend):
+class CpuBackend(VllmUpstreamBackend):
     name: ClassVar[str] = "cpu"
     device_type: ClassVar[str] = "cpu"
     dist_backend: ClassVar[str] = "gloo"
@@ -175,17 +174,8 @@ class CpuBackend(VllmUpstreamBindings, Backend):
     def empty_cache(self) -> None:
         return None
 
-    def generator(self, seed: int):
-        import torch
-
-        return torch.Generator(device="cpu").manual_seed(int(seed))
-
     def to_host(self, tensor):
         return tensor if tensor.device.type == "cpu" else tensor.to("cpu")
-
-    # ------------------------------------------------------- graph wrapping
-    def graph_capture_context(self, device: Any) -> ContextManager[Any]:
-        return contextlib.nullcontext()
 
     # --------------------------------------------------------- runner bases
     def model_runner_base(self, v2: bool = False) -> type:

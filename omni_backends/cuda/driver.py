@@ -11,14 +11,13 @@
   GPUs through NVML (``nvidia-ml-py``) when installed, else through
   ``/proc/driver/nvidia/gpus``, and reads distribution metadata.
 - device operations: ``torch.accelerator`` / ``torch.Stream`` / ``torch.Event``
-  (:class:`~omni_backends.torch_device.TorchAcceleratorOps`); graph primitive
+  (:class:`~omni_backends.torch_device.TorchAcceleratorBackend`); graph primitive
   ``torch.cuda.CUDAGraph``, ``torch.cuda.graph``, ``torch.cuda.graph_pool_handle``.
 - forward context: ``vllm.forward_context.set_forward_context``
 - graph wrapping: ``vllm.compilation.cuda_graph.CUDAGraphWrapper``, capture
-  context ``vllm.distributed.parallel_state.graph_capture``, shutdown
-  ``CUDAGraphWrapper.clear_all_graphs``
+  context ``vllm.distributed.parallel_state.graph_capture``
 - sampler: ``vllm.v1.sample.sampler.Sampler`` (V1); the V2 runner builds its
-  own ``vllm.v1.worker.gpu.sample.sampler.Sampler`` (:meth:`CudaBackend.v2_sampler_cls`)
+  own (``vllm.v1.worker.gpu.sample.sampler.Sampler``), which the driver never names
 - buffers: ``vllm.v1.utils.CpuGpuBuffer`` with pinned memory, wrapped in a
   :class:`~omni_backends.torch_device.FencedHostBuffer` (copy contract below)
 - attention metadata: ``vllm.v1.attention.backend.CommonAttentionMetadata``
@@ -40,13 +39,13 @@ import os
 import re
 from typing import Any, ClassVar, ContextManager, Mapping
 
-from omni_backends.backend import Backend, Capabilities, ProbeResult, ProbeState, Verification
+from omni_backends.backend import Capabilities, ProbeResult, ProbeState, Verification
 from omni_backends.binding import VendorSymbol
 from omni_backends.device_lists import ORDINAL, check_range, refuse_duplicates, split_entries
 from omni_backends.errors import OmniBackendError, PlacementError
 from omni_backends.probing import dist_version, module_findable, version_mismatches, versions_of
-from omni_backends.torch_device import FencedHostBuffer, TorchAcceleratorOps, TorchCpuGpuBuffer, copy_host_to_device
-from omni_backends.vllm_upstream import VllmUpstreamBindings
+from omni_backends.torch_device import FencedHostBuffer, TorchAcceleratorBackend, TorchCpuGpuBuffer, copy_host_to_device
+from omni_backends.vllm_upstream import VllmUpstreamBackend
 
 GPU_MODEL_RUNNER_V1 = VendorSymbol(
     "vllm.v1.worker.gpu_model_runner",
@@ -69,9 +68,6 @@ GPU_WORKER = VendorSymbol(
     required=("vllm_config", "local_rank", "rank", "distributed_init_method"),
     kind="class",
 )
-# The V2 runner constructs its sampler itself (0.26: ``Sampler(max_num_reqs, ...)``; 0.32, 0.33: ``Sampler(vllm_config,
-# max_num_reqs, ...)``); the driver only names the class, so only its existence is declared.
-V2_SAMPLER = VendorSymbol("vllm.v1.worker.gpu.sample.sampler", "Sampler", kind="class")
 
 
 def nvidia_gpu_count() -> tuple[int, str]:
@@ -106,7 +102,7 @@ VLLM_WINDOW = ">=0.26,<0.34"
 TORCH_WINDOW = ">=2.11,<2.15"
 
 
-class CudaBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
+class CudaBackend(TorchAcceleratorBackend, VllmUpstreamBackend):
     """NVIDIA GPUs through vLLM's CUDA platform (see the module docstring for every binding)."""
 
     name: ClassVar[str] = "cuda"
@@ -198,7 +194,6 @@ class CudaBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
             v1_runner=True,
             v2_runner=True,  # vLLM 0.26-0.33 on CUDA default to the V2 model runner
             talker_mtp_graph=True,
-            device_sync_after_replay_safe=True,
         )
 
     # ------------------------------------------------- torch graph primitive
@@ -230,14 +225,6 @@ class CudaBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
 
         return torch.cuda.graph_pool_handle()
 
-    # ------------------------------------------------------------- sampler
-    def v2_sampler_cls(self) -> type:
-        """``vllm.v1.worker.gpu.sample.sampler.Sampler``: the sampler vLLM's V2
-        model runner constructs itself (its constructor differs across the
-        window: 0.32 and 0.33 take ``vllm_config`` first, 0.26 does not); the omni
-        V2 model state reaches it through the runner, never builds its own."""
-        return V2_SAMPLER.resolve()
-
     # ------------------------------------------------------------- buffers
     def make_buffer(self, *size: int, dtype: Any, numpy: bool = True) -> FencedHostBuffer:
         """``vllm.v1.utils.CpuGpuBuffer(*size, dtype=, device=, pin_memory=True, with_numpy=numpy)``
@@ -250,7 +237,7 @@ class CudaBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
         vLLM) the pair is a :class:`~omni_backends.torch_device.TorchCpuGpuBuffer`
         with the same fields, allocation and copies."""
         if module_findable("vllm"):
-            inner = VllmUpstreamBindings.make_buffer(self, *size, dtype=dtype, numpy=numpy)
+            inner = VllmUpstreamBackend.make_buffer(self, *size, dtype=dtype, numpy=numpy)
         else:
             inner = TorchCpuGpuBuffer(*size, dtype=dtype, device=self.device(), pin_memory=True, with_numpy=numpy)
         return self.fence_buffer(inner)

@@ -3,16 +3,14 @@
 What differs on XPU, each delegated to the vendor symbol declared below:
 
 - forward context, sampler, ``CpuGpuBuffer`` (pinned), ``CommonAttentionMetadata``:
-  upstream vLLM (:class:`~omni_backends.vllm_upstream.VllmUpstreamBindings`);
+  upstream vLLM (:class:`~omni_backends.vllm_upstream.VllmUpstreamBackend`);
 - graphs: vLLM's ``CUDAGraphWrapper`` over ``torch.xpu.XPUGraph``, only when
   the installed torch supports XPU graphs (vLLM's ``supports_xpu_graph()``,
   torch >= 2.11, and ``torch.xpu.XPUGraph`` present); otherwise
   ``capabilities().static_graph_modes == ()`` and :meth:`XpuBackend.wrap_graph`
-  returns the runnable (eager). After a replay the driver synchronises the
-  *current stream*, never the device (``device_sync_after_replay_safe=False``:
-  a device-wide synchronize right after replay has crashed on XPU stacks);
+  returns the runnable (eager);
 - device ops: ``torch.accelerator`` / ``torch.Stream`` / ``torch.Event`` and
-  ``torch.xpu`` (:class:`~omni_backends.torch_device.TorchAcceleratorOps`).
+  ``torch.xpu`` (:class:`~omni_backends.torch_device.TorchAcceleratorBackend`).
   This driver never rebinds ``torch.cuda``. Note: vLLM's own
   ``XPUModelRunner.__init__`` (the base this driver hands out) does rebind
   ``torch.cuda.Stream/Event/graph/CUDAGraph/...`` to ``torch.xpu`` and never
@@ -35,7 +33,7 @@ import os
 import re
 from typing import Any, ClassVar, ContextManager, Mapping
 
-from omni_backends.backend import Backend, Capabilities, ProbeResult, ProbeState, Verification
+from omni_backends.backend import Capabilities, ProbeResult, ProbeState, Verification
 from omni_backends.binding import VendorSymbol
 from omni_backends.device_lists import check_range, refuse_descending, refuse_duplicates, split_entries
 from omni_backends.errors import OmniBackendError, PlacementError
@@ -48,8 +46,8 @@ from omni_backends.probing import (
     version_mismatches,
     versions_of,
 )
-from omni_backends.torch_device import TorchAcceleratorOps
-from omni_backends.vllm_upstream import VllmUpstreamBindings
+from omni_backends.torch_device import TorchAcceleratorBackend
+from omni_backends.vllm_upstream import VllmUpstreamBackend
 
 # ------------------------------------------------------------ vendor symbols
 XPU_MODEL_RUNNER = VendorSymbol(
@@ -131,7 +129,7 @@ def ipex_status(versions: dict[str, str | None] | None = None) -> tuple[bool, st
     return True, f"intel-extension-for-pytorch {ipex} matches torch {torch_v}"
 
 
-class XpuBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
+class XpuBackend(TorchAcceleratorBackend, VllmUpstreamBackend):
     """Intel XPU driver (see the module docstring for what each group delegates to)."""
 
     name: ClassVar[str] = "xpu"
@@ -263,7 +261,6 @@ class XpuBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
             v1_runner=True,
             v2_runner=True,
             talker_mtp_graph=graphs,
-            device_sync_after_replay_safe=False,
         )
 
     # ------------------------------------------------- torch graph primitive
@@ -290,12 +287,8 @@ class XpuBackend(TorchAcceleratorOps, VllmUpstreamBindings, Backend):
         return XPU_GRAPH_POOL_HANDLE.resolve()()
 
     # ------------------------------------------------------- graph wrapping
-    # wrap_graph: VllmUpstreamBindings.wrap_graph -- vLLM's CUDAGraphWrapper when
+    # wrap_graph: VllmUpstreamBackend.wrap_graph -- vLLM's CUDAGraphWrapper when
     # capabilities().static_graphs (XPU graphs supported), the runnable otherwise.
-
-    def after_graph_replay(self, forward_context: Any, num_tokens: int) -> None:
-        """Synchronise the current stream (not the device) after a replay."""
-        self.current_stream().synchronize()
 
     # ------------------------------------------------------------ distributed
     def distributed_backend(self) -> str:

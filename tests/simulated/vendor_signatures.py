@@ -53,18 +53,6 @@ def set_ascend_forward_context(
 def ACLGraphWrapper(runnable, vllm_config, runtime_mode, cudagraph_options=None, *, use_eagle=False, enable_enpu=False): ...
 
 
-def update_full_graph_params(
-    attn_backend,
-    update_stream,
-    forward_context,
-    num_tokens,
-    vllm_config,
-    speculative_config=None,
-    num_dcp_pcp_tokens=None,
-    draft_attn_metadatas=None,
-): ...
-
-
 def AscendSampler(logprobs_mode=Src("DEFAULT_LOGPROBS_MODE")): ...
 
 
@@ -98,8 +86,6 @@ STANDINS: dict[tuple[str, str, str], tuple[Callable[..., Any], str]] = {
         set_ascend_forward_context, "vllm-ascend 0.23.0.post1 vllm_ascend/ascend_forward_context.py"),
     ("vllm_ascend.compilation.acl_graph", "ACLGraphWrapper", "class"): (
         ACLGraphWrapper, "vllm-ascend 0.23.0.post1 vllm_ascend/compilation/acl_graph.py"),
-    ("vllm_ascend.compilation.acl_graph", "update_full_graph_params", "callable"): (
-        update_full_graph_params, "vllm-ascend 0.23.0.post1 vllm_ascend/compilation/acl_graph.py"),
     ("vllm_ascend.sample.sampler", "AscendSampler", "class"): (
         AscendSampler, "vllm-ascend 0.23.0.post1 vllm_ascend/sample/sampler.py"),
     ("vllm_ascend.worker.model_runner_v1", "graph_capture", "callable"): (

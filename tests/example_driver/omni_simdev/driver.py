@@ -6,9 +6,10 @@
 - capabilities: FULL static graphs; H2D copies not stream-ordered.
 - device ops: :mod:`omni_simdev.device` (streams, events, copy engine, graphs).
 - forward context, sampler, attention metadata: upstream vLLM's, through the
-  shared bindings in :mod:`omni_backends.vllm_upstream` (a vendor on vLLM's
-  own classes reuses them; a vendor with its own stack declares its own
-  :class:`~omni_backends.binding.VendorSymbol` s, like ``CPU_MODEL_RUNNER`` below).
+  shared base :class:`omni_backends.vllm_upstream.VllmUpstreamBackend` (a
+  vendor on vLLM's own classes builds on it; a vendor with its own stack
+  declares its own :class:`~omni_backends.binding.VendorSymbol` s, like
+  ``CPU_MODEL_RUNNER`` below).
 - buffers: ``vllm.v1.utils.CpuGpuBuffer`` (``.gpu`` is a separate tensor of
   the simulated device), copied blocking because H2D is not stream-ordered.
 - runner bases: vLLM's CPU model runner and worker (the memory is host memory).
@@ -22,9 +23,9 @@ import importlib.util
 import os
 from typing import Any, Callable, ClassVar, ContextManager
 
-from omni_backends.backend import Backend, Capabilities, ProbeResult, ProbeState, Verification
+from omni_backends.backend import Capabilities, ProbeResult, ProbeState, Verification
 from omni_backends.binding import VendorSymbol
-from omni_backends.vllm_upstream import VllmUpstreamBindings
+from omni_backends.vllm_upstream import VllmUpstreamBackend
 
 # omni_simdev.device imports torch: it is imported inside methods, so discovering
 # this driver (``omni-backends devices``) stays cheap.
@@ -67,7 +68,7 @@ class SimGraphWrapper:
         return out
 
 
-class SimDevBackend(VllmUpstreamBindings, Backend):
+class SimDevBackend(VllmUpstreamBackend):
     name: ClassVar[str] = "simdev"
     device_type: ClassVar[str] = "cpu"
     dist_backend: ClassVar[str] = "gloo"
@@ -143,11 +144,6 @@ class SimDevBackend(VllmUpstreamBindings, Backend):
     def empty_cache(self) -> None:
         return None
 
-    def generator(self, seed: int):
-        import torch
-
-        return torch.Generator(device="cpu").manual_seed(int(seed))
-
     def to_host(self, tensor):
         self._device.current_stream().synchronize()  # queued copies into ``tensor`` land first
         return tensor.detach().clone()
@@ -173,9 +169,6 @@ class SimDevBackend(VllmUpstreamBindings, Backend):
 
     def graph_capture_context(self, device: Any) -> ContextManager[Any]:
         return contextlib.nullcontext()
-
-    def clear_graphs(self) -> None:
-        return None
 
     # ------------------------------------------------------------ buffers
     def copy_to_device(self, buffer: Any, n: int | None = None):
