@@ -1,6 +1,7 @@
 """The cuda driver on a machine without an NVIDIA GPU / vLLM CUDA build (CI), plus its probe logic.
 
-What runs on the GPU is in ``tests/device`` (``pytest --device cuda -m device_tier``).
+What runs on the GPU is the kit (``omni_backends/testing/suite``) and the repository's device-tier tests
+(``pytest --device cuda -m device_tier``).
 """
 
 from __future__ import annotations

@@ -24,7 +24,9 @@
 #   core-v1-graphs  the same on V1 (VLLM_USE_V2_MODEL_RUNNER=0)
 #   core-eager      the same, v1-eager and v2-eager
 #   core-rest       the tests without a variant: payload lifecycle, `omni-backends run` twice (same seed ->
-#                   identical out.wav), bad input; then the conformance kit, both tiers
+#                   identical out.wav), bad input; the repository's device-tier tests outside tests/core
+#                   (copy ordering, probe without init, reference sampler, StaticGraph); then the conformance kit,
+#                   both tiers
 #   pipeline        `omni-backends run` V2/V1 x graphs/--enforce-eager (+ a repeat): codes graph == eager,
 #                   out.wav bytes equal for the same seed, talker-MTP graph replays, start time + peak memory
 #   bench-v2        decode tok/s omni vs stock vLLM (bf16, graphs, batch 1/8/64, V2) + talker MTP graph vs eager
@@ -82,7 +84,8 @@ part_core() {  # variant selector
 }
 
 part_core_rest() {
-  pytest_part core-rest tests/core -k "not v1- and not v2-"
+  pytest_part core-rest tests/core tests/test_copy_ordering.py tests/test_probe_no_init.py tests/test_reference_sampler.py \
+      tests/test_static_graph.py -k "not v1- and not v2-"
   local rc=$?
   local d="$OUT/kit"; mkdir -p "$d"
   { header kit; } > "$d/log.txt"

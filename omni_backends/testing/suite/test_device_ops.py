@@ -19,6 +19,9 @@ def test_device_identity(backend):
     expect(isinstance(n, int) and n >= 1, "device-ops", f"device_count() returned {n!r} with the device present")
     backend.set_device(0)
     expect(backend.device(0).type == backend.device_type, "device-ops", f"device(0) returned {backend.device(0)!r}")
+    if not host_memory_device(backend):
+        expect(backend.device(0) == torch.device(backend.device_type, 0), "device-ops",
+               f"device(0) returned {backend.device(0)!r}; expected torch.device({backend.device_type!r}, 0)")
     with pytest.raises(RuntimeError):
         backend.set_device(n)  # one past the last visible device
 
@@ -29,6 +32,28 @@ def test_memory_info_and_empty_cache(backend):
     expect(0 <= free <= total and total > 0, "device-ops", f"memory_info() -> free={free} total={total} bytes")
     expect(backend.empty_cache() is None, "device-ops", "empty_cache() returned a value")
     expect(backend.synchronize() is None, "device-ops", "synchronize() returned a value")
+
+
+def test_memory_info_follows_an_allocation(backend):
+    """``memory_info()`` sees a device allocation (free drops, total stays) and ``empty_cache()`` hands the
+    freed memory back (free rises again)."""
+    if host_memory_device(backend):
+        pytest.skip(f"driver {backend.name!r} keeps tensors in host memory: memory_info() reports host memory, "
+                    "which the other processes of the host change")
+    free, total = backend.memory_info()
+    nbytes = min(1 << 30, free // 4)
+    x = torch.empty(nbytes, dtype=torch.uint8, device=backend.device())
+    x.fill_(1)
+    backend.synchronize()
+    free2, total2 = backend.memory_info()
+    expect(total2 == total, "device-ops", f"memory_info() total changed from {total} to {total2} bytes")
+    expect(free2 <= free - nbytes // 2, "device-ops",
+           f"memory_info() free went from {free} to {free2} bytes after allocating {nbytes} bytes on the device")
+    del x
+    backend.empty_cache()
+    free3, _ = backend.memory_info()
+    expect(free3 >= free2 + nbytes // 2, "device-ops",
+           f"memory_info() free went from {free2} to {free3} bytes after freeing {nbytes} bytes and empty_cache()")
 
 
 def test_is_device_tensor(backend):

@@ -76,6 +76,62 @@ def test_graphs_share_a_pool(graphs):
            "two graphs captured into one pool and replayed in capture order gave the wrong result")
 
 
+def _host_randn(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_every_capture_size_replays_in_one_pool(graphs):
+    """One graph per capture size of a max batch of 20 (``capture_sizes(20)``), all captured into one pool, as
+    vLLM captures them; replayed in capture order, each computes its own batch from new persistent-input values."""
+    from omni_backends.backend import capture_sizes
+
+    backend = graphs
+    dev = backend.device()
+    w = _host_randn(256, 256, seed=1).to(dev) / 16
+    pool = backend.graph_pool_handle()
+    captured = {}
+    for bs in capture_sizes(20):
+        x = torch.zeros(bs, 256, device=dev)
+        torch.relu(x @ w)  # warm-up outside the capture
+        backend.synchronize()
+        graph = backend.new_graph()
+        with backend.graph_capture(graph, pool=pool):
+            y = torch.relu(x @ w)
+        captured[bs] = (graph, x, y)
+    for bs, (graph, x, y) in captured.items():  # capture order: the rule for graphs sharing a pool
+        new = _host_randn(bs, 256, seed=bs)
+        x.copy_(new.to(dev))
+        graph.replay()
+        backend.synchronize()
+        got, want = backend.to_host(y), torch.relu(new @ backend.to_host(w))
+        expect(tuple(got.shape) == (bs, 256) and torch.allclose(got, want, rtol=1e-4, atol=1e-4), "graph-replay",
+               f"the graph of capture size {bs} (one pool with sizes {list(captured)}) replayed a wrong result "
+               f"(max abs diff {float((got - want).abs().max()):.3g})")
+
+
+def test_capture_on_a_driver_stream(graphs):
+    """``graph_capture(graph, stream=...)`` accepts the stream ``new_stream()`` returns; the graph replays on the
+    current stream."""
+    backend = graphs
+    dev = backend.device()
+    x, w = _host_randn(8, 256, seed=2).to(dev), _host_randn(256, 256, seed=3).to(dev) / 16
+    side = backend.new_stream()
+    side.wait_stream(backend.current_stream())
+    with backend.stream_context(side):
+        torch.relu(x @ w)  # warm-up on the side stream
+    backend.current_stream().wait_stream(side)
+    graph = backend.new_graph()
+    with backend.graph_capture(graph, stream=side):
+        out = torch.relu(x @ w)
+    x.copy_(_host_randn(8, 256, seed=4).to(dev))
+    graph.replay()
+    backend.synchronize()
+    got, want = backend.to_host(out), backend.to_host(torch.relu(x @ w))
+    expect(torch.allclose(got, want, rtol=1e-4, atol=1e-4), "graph-replay",
+           "a graph captured on a new_stream() stream and replayed on the current stream gave a wrong result "
+           f"(max abs diff {float((got - want).abs().max()):.3g})")
+
+
 def test_without_static_graphs_new_graph_refuses(backend, capabilities):
     if capabilities.static_graphs:
         pytest.skip(f"driver {backend.name!r} has static graphs {capabilities.static_graph_modes}")
