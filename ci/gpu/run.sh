@@ -15,10 +15,9 @@
 #                   prints the wall time per job. The two-runs-one-seed CLI test is left to `mainjobs` (five runs)
 #   mainjobs        five `omni-backends run --device cuda` back to back (vLLM's defaults), one seed: every exit
 #                   status, wall and engine-start times, and whether every out.wav is byte-identical
-#   cublas-probe    the talker engine started cold then warm (ci/gpu/talker_start.py), one fresh compile cache per
-#                   setting: after a thinker engine in the same process (as the main job), alone with vLLM's
-#                   defaults (V2), VLLM_USE_AOT_COMPILE=0, TORCHINDUCTOR_DETERMINISTIC=1, V1 --
-#                   which settings reproduce the warm-start cublasCreate failure of issue 21
+#   cublas-probe    the talker engine started cold then warm (ci/gpu/talker_start.py) under several settings
+#                   (CUBLAS_PROBE_SPECS, list below) -- which reproduce the warm-start cublasCreate failure of
+#                   issue 21 (round 1, 2026-12-02: after a thinker and alone with vLLM's defaults both fail warm)
 #   core-v2-graphs  pytest --device cuda tests/core, variant v2-graphs (vLLM's defaults: V2, compile + CUDA graphs,
 #                   async scheduling, multiprocess): thinker vs stock vLLM, hidden states vs PyTorch, talker+code2wav
 #   core-v1-graphs  the same on V1 (VLLM_USE_V2_MODEL_RUNNER=0)
@@ -151,25 +150,32 @@ part_mainjobs() {
   [ $ok -eq 5 ] && [ "$(echo "$sums" | wc -l)" -eq 1 ]
 }
 
+# One probe per line: CACHE|LABEL|ENV SETTINGS|talker_start.py ARGS|STARTS ("cold warm", or "warm" reusing CACHE's
+# compile cache from an earlier line). CUBLAS_PROBE_SPECS replaces the list (round 2 of issue 21: cuBLAS's own log,
+# in-process, a cuBLAS handle made before the engine, no AOT compile).
+CUBLAS_PROBE_SPECS_DEFAULT="defaults|defaults|||cold warm
+defaults|cublas-log|CUBLAS_LOGINFO_DBG=1 CUBLAS_LOGDEST_DBG=stderr||warm
+defaults|inproc|VLLM_ENABLE_V1_MULTIPROCESSING=0||warm
+defaults|inproc-preinit|VLLM_ENABLE_V1_MULTIPROCESSING=0|--preinit-cublas|warm
+no-aot|no-aot|VLLM_USE_AOT_COMPILE=0||cold warm"
+
 part_cublas_probe() {
   local d="$OUT/cublas-probe"; mkdir -p "$d"
   header cublas-probe > "$d/log.txt"
   python3 -m omni_backends.cli demo-model create "$d/demo" >> "$d/log.txt" 2>&1
-  local spec
-  for spec in "after-thinker:" "defaults:" "no-aot:VLLM_USE_AOT_COMPILE=0" \
-              "inductor-deterministic:TORCHINDUCTOR_DETERMINISTIC=1" "v1:VLLM_USE_V2_MODEL_RUNNER=0"; do
-    local name=${spec%%:*} setting=${spec#*:} extra=""
-    [ "$name" = after-thinker ] && extra="--after-thinker"
-    for start in cold warm; do
-      if (( $(left) < 60 )); then echo "$name $start: not started (time)" | tee -a "$d/log.txt"; continue; fi
+  local cache label setting args starts start
+  while IFS='|' read -r cache label setting args starts; do
+    [ -z "$cache" ] && continue
+    for start in $starts; do
+      if (( $(left) < 60 )); then echo "$label $start: not started (time)" | tee -a "$d/log.txt"; continue; fi
       local t0=$SECONDS
       # shellcheck disable=SC2086
-      env VLLM_CACHE_ROOT="/tmp/cublas-probe-cache/$name" $setting timeout 200 python3 ci/gpu/talker_start.py "$d/demo" $extra \
-          > "$d/$name-$start.txt" 2>&1
+      env VLLM_CACHE_ROOT="/tmp/cublas-probe-cache/$cache" $setting timeout 200 python3 ci/gpu/talker_start.py "$d/demo" $args \
+          > "$d/$label-$start.txt" 2>&1
       local rc=$?
-      echo "$name ($setting) $start: rc=$rc $((SECONDS - t0)) s $(grep -o 'CUBLAS_STATUS_[A-Z_]*' "$d/$name-$start.txt" | head -1)" | tee -a "$d/log.txt"
+      echo "$label ($setting $args) $start: rc=$rc $((SECONDS - t0)) s $(grep -o 'CUBLAS_STATUS_[A-Z_]*' "$d/$label-$start.txt" | head -1)" | tee -a "$d/log.txt"
     done
-  done
+  done <<< "${CUBLAS_PROBE_SPECS:-$CUBLAS_PROBE_SPECS_DEFAULT}"
 }
 
 part_pipeline() {

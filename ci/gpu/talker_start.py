@@ -6,7 +6,9 @@ H200: the talker stage's engine, started a second time in a fresh process with v
 cached Inductor graph with ``CUBLAS_STATUS_INTERNAL_ERROR when calling cublasCreate(handle)`` (3 of 3 warm
 starts; the cold start passed; the device was empty). Both failing engines were the second or third engine of
 their parent process; ``--after-thinker`` starts and releases the thinker's engine first, as the main job does.
-``ci/gpu/run.sh cublas-probe`` runs it cold then warm under several settings."""
+``ci/gpu/run.sh cublas-probe`` runs it cold then warm under several settings. ``--preinit-cublas`` creates this
+process's cuBLAS handle (``torch.cuda.current_blas_handle()`` and one ``mm``) before the engine starts: with
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` the engine core then runs on a thread whose handle already exists."""
 
 from __future__ import annotations
 
@@ -18,8 +20,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
 
 
-def main(demo_dir: str, after_thinker: bool = False) -> int:
+def main(demo_dir: str, after_thinker: bool = False, preinit_cublas: bool = False) -> int:
     import torch
+
+    if preinit_cublas:
+        torch.cuda.current_blas_handle()
+        torch.mm(torch.ones(8, 8, device="cuda"), torch.ones(8, 8, device="cuda")).sum().item()
+        print("cuBLAS handle created before the engine", flush=True)
     from vllm import SamplingParams
 
     from core.payloads import EXTRA_ARGS_KEY, pack
@@ -51,4 +58,4 @@ def main(demo_dir: str, after_thinker: bool = False) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], "--after-thinker" in sys.argv[2:]))
+    sys.exit(main(sys.argv[1], "--after-thinker" in sys.argv[2:], "--preinit-cublas" in sys.argv[2:]))
