@@ -321,8 +321,10 @@ def test_incomplete_driver_class_is_refused_with_clear_message(tmp_path, cache_h
     proc = python(code, site, cache_home)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("IncompatibleDriverError"), proc.stdout
-    for missing in ("capabilities", "forward_context", "make_sampler"):
-        assert missing in proc.stdout
+    from omni_backends.backend import Backend
+
+    missing = sorted(Backend.__abstractmethods__ - {"probe"})  # the fake defines the identity and probe only
+    assert missing and f"(missing: {', '.join(missing)})" in proc.stdout, proc.stdout
     assert "current: None" in proc.stdout
 
 
@@ -531,3 +533,49 @@ def test_driver_missing_identity_attributes_is_refused_clearly(tmp_path, cache_h
     problem = driver(rep, "no-identity")["problem"]
     assert "device_type" in problem and "priority" in problem and "fake-noid" in problem
     assert rep["selection"]["selected"] == "usable-low"
+
+
+#: the public names of ``omni_backends.registry`` and ``omni_backends.probing`` before they became packages (issue 23)
+REGISTRY_NAMES = ("AUTO ENV_DEVICE ENV_SELECTION NAMESPACE Candidate DriverEntry Selection current decide "
+                  "cheap_capabilities devices_report discover export_selection load_plugins get_backend resolve_name "
+                  "safe_probe select verify_worker_selection problem_of vendor_modules_of HEAVY_MODULES "
+                  "_reset_for_tests").split()
+PROBING_NAMES = ("dist_version versions_of version_mismatches module_findable device_nodes find_shared_library "
+                 "pci_vendor_devices install_hint ImportFailure distribution_of top_level_modules find_import_failure "
+                 "vendor_import_error blame_import_failures import_check BASE_DISTRIBUTIONS torch_backend_extensions "
+                 "torch_autoload_enabled vendor_modules_to_check vendor_import_failures describe_import_failure "
+                 "KNOWN_VENDOR_MODULES ENV_HIDDEN hidden_vendor_packages hide_vendor_module "
+                 "apply_hidden_vendor_packages hide_broken_vendor_packages").split()
+
+
+def test_the_old_import_paths_keep_every_public_name():
+    import warnings
+
+    from omni_backends import probing, registry
+
+    assert [n for n in REGISTRY_NAMES if not hasattr(registry, n)] == []
+    assert [n for n in PROBING_NAMES if not hasattr(probing, n)] == []
+    assert registry.select is __import__("omni_backends").select
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from omni_backends.entry_points import driver_records
+    assert driver_records is registry.metadata.driver_records
+    assert [w.category for w in caught] == [DeprecationWarning] and "registry.metadata" in str(caught[0].message)
+
+
+def test_export_puts_the_hide_site_shim_first_on_pythonpath(monkeypatch):
+    """With hidden vendor packages, children get ``omni_backends/hide_site`` (its ``sitecustomize``)
+    first on PYTHONPATH, wherever the registry module lives."""
+    import os
+    from pathlib import Path
+
+    from omni_backends.probing import vendor_imports
+    from omni_backends.registry import Selection, export_selection
+
+    monkeypatch.setitem(vendor_imports._HIDDEN, "vendor_broken", {"package": "vendor_broken", "error": "OSError: x"})
+    env = {"PYTHONPATH": "/elsewhere"}
+    export_selection(Selection("fake", "auto-detect", "why", [], [], {}), env)
+    first, *rest = env["PYTHONPATH"].split(os.pathsep)
+    assert Path(first) == Path(__file__).resolve().parents[1] / "omni_backends" / "hide_site"
+    assert (Path(first) / "sitecustomize.py").is_file() and rest == ["/elsewhere"]
+    assert json.loads(env["OMNI_BACKENDS_HIDDEN_VENDORS"]) == {"vendor_broken": vendor_imports._HIDDEN["vendor_broken"]}

@@ -37,7 +37,7 @@ from omni_backends.registry.discovery import discover, load_plugins, problem_of
 from omni_backends.registry.decision import decide, resolve_name, safe_probe
 from omni_backends.registry.vendor_modules import vendor_modules_of
 from omni_backends.registry.handoff import export_selection
-from omni_backends.registry.process import _reset_for_tests, current, get_backend, select
+from omni_backends.registry.process import _reset_for_tests, current, get_backend, select  # noqa: F401 (tests)
 from omni_backends.registry.workers import verify_worker_selection
 from omni_backends.registry.report import HEAVY_MODULES, cheap_capabilities, devices_report
 

@@ -199,7 +199,7 @@ def decide_among(
                 + (f" To fix: {probe.fix}." if probe.fix else "")
                 + (f" Error: {probe.error.strip().splitlines()[-1]}" if probe.error else "")
                 + "".join(f" Its vendor stack fails to import: {describe_import_failure(b)}." for b in broken)
-                + f" Or choose another device (`omni-backends devices` lists them).",
+                + " Or choose another device (`omni-backends devices` lists them).",
                 probe=probe,
             )
         reason = f"{name} was requested ({rule}) and probes usable: {probe.reason}"
