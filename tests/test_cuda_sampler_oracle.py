@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from omni_backends import reference_sampler as rs  # noqa: E402
+from omni_backends.testing import reference_sampler as rs  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm.v1.sample.sampler")
 
-from omni_backends import reference_sampler as rs  # noqa: E402
+from omni_backends.testing import reference_sampler as rs  # noqa: E402
 from omni_backends import vllm_upstream as vu  # noqa: E402
 from omni_backends.testing.kit import ContractViolation  # noqa: E402
 from omni_backends.testing.suite import test_sampler as kit  # noqa: E402

@@ -1,6 +1,6 @@
 """Sampler equivalence with the reference sampler (device tier; needs the vendor's vLLM sampler).
 
-The oracle is :mod:`omni_backends.reference_sampler`. Where the outcome is
+The oracle is :mod:`omni_backends.testing.reference_sampler`. Where the outcome is
 deterministic the driver's sampler must return the same tokens: greedy, ties
 included, and every random row whose ``top_k`` / ``top_p`` keep one token
 (``top_k=1``, a tiny ``top_p``, a ``top_p`` that the top-k-renormalised top
@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni_backends import reference_sampler as rs
+from omni_backends.testing import reference_sampler as rs
 from omni_backends.testing.kit import expect, vllm_missing_reason
 
 pytestmark = pytest.mark.device_tier
