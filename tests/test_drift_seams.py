@@ -1,9 +1,9 @@
 """``check-drift``'s seam check on synthetic vLLM source trees, one change each.
 
-A miniature vLLM (``vllm/v1/worker/gpu_model_runner.py`` V1 runner,
-``vllm/v1/worker/gpu/model_runner.py`` V2 runner, the V2 model states, the
-outputs and an executor) is written to a temporary directory, at the module
-paths the cuda driver binds. Each test changes it the way an upstream release
+A miniature vLLM (``tests/fixtures/mini_vllm``: ``vllm/v1/worker/gpu_model_runner.py``
+V1 runner, ``vllm/v1/worker/gpu/model_runner.py`` V2 runner, the V2 model
+states, the outputs, an executor and a worker, at the module paths the cuda
+driver binds) is copied to a temporary directory. Each test changes the copy the way an upstream release
 could -- ``execute_model`` stops calling ``_preprocess``, ``_dummy_run`` calls
 ``self.model(``, ``sample_tokens`` returns an async output the executor does
 not recognise, V2's ``init_model_state`` ignores ``get_model_state_cls`` (or a
@@ -39,220 +39,11 @@ from omni_backends.drift.seams import check_seams, check_worker_seams
 
 V1_MOD, V2_MOD = "vllm/v1/worker/gpu_model_runner.py", "vllm/v1/worker/gpu/model_runner.py"
 
-VLLM = {
-    "vllm/__init__.py": "",
-    "vllm/v1/__init__.py": "",
-    "vllm/v1/outputs.py": '''
-        from abc import ABC, abstractmethod
-
-
-        class ModelRunnerOutput:
-            pass
-
-
-        class AsyncModelRunnerOutput(ABC):
-            @abstractmethod
-            def get_output(self):
-                raise NotImplementedError
-        ''',
-    "vllm/v1/executor/__init__.py": "",
-    "vllm/v1/executor/multiproc_executor.py": '''
-        from vllm.v1.outputs import AsyncModelRunnerOutput
-
-
-        def unwrap(output):
-            if isinstance(output, AsyncModelRunnerOutput):
-                output = output.get_output()
-            return output
-        ''',
-    "vllm/v1/worker/__init__.py": "",
-    V1_MOD: '''
-        from functools import partial
-
-        from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
-
-
-        class AsyncGPUModelRunnerOutput(AsyncModelRunnerOutput):
-            def get_output(self):
-                return ModelRunnerOutput()
-
-
-        class GPUModelRunner:
-            def __init__(self, vllm_config, device):
-                self.model = None
-
-            def load_model(self, load_dummy_weights=False):
-                self.model = object()
-
-            def _update_states(self, scheduler_output):
-                return None
-
-            def _preprocess(self, scheduler_output, num_input_tokens, intermediate_tensors=None):
-                return None, None, None, None, {}, None
-
-            def _model_forward(self, input_ids=None, positions=None, intermediate_tensors=None, inputs_embeds=None,
-                               **model_kwargs):
-                return self.model(input_ids=input_ids, positions=positions)
-
-            def execute_model(self, scheduler_output, intermediate_tensors=None):
-                self._update_states(scheduler_output)
-                self._run(scheduler_output)
-
-            def _run(self, scheduler_output):
-                inputs = self._preprocess(scheduler_output, 8)
-                return self._model_forward(*inputs[:3])
-
-            def _sample(self, logits, spec_decode_metadata):
-                return logits
-
-            def sample_tokens(self, grammar_output):
-                self._sample(None, None)
-                if grammar_output is None:
-                    return ModelRunnerOutput()
-                return AsyncGPUModelRunnerOutput()
-
-            def _dummy_run(self, num_tokens):
-                return self._model_forward(None, None)
-
-            def profile_run(self):
-                self._dummy_run(16)
-
-            def capture_model(self):
-                for n in (1, 2):
-                    self._dummy_run(n)
-                return 0
-        ''',
-    "vllm/v1/worker/gpu_worker.py": '''
-        class Worker:
-            def __init__(self, vllm_config, local_rank, rank, distributed_init_method, is_driver_worker=False):
-                self.model_runner = None
-
-            def compile_or_warm_up_model(self):
-                for size in (4, 2):
-                    self._warm(size)
-
-            def _warm(self, size):
-                self.model_runner._dummy_run(size)
-        ''',
-    "vllm/v1/worker/gpu/__init__.py": "",
-    "vllm/v1/worker/gpu/async_utils.py": '''
-        from vllm.v1.outputs import AsyncModelRunnerOutput
-
-
-        class AsyncOutput(AsyncModelRunnerOutput):
-            def get_output(self):
-                return None
-        ''',
-    "vllm/v1/worker/gpu/model_states/__init__.py": '''
-        from vllm.v1.worker.gpu.model_states.default import DefaultModelState
-
-
-        def init_model_state(vllm_config, model, encoder_cache, device):
-            return resolve_model_state_cls(model)(vllm_config, model, encoder_cache, device)
-
-
-        def resolve_model_state_cls(model):
-            if hasattr(model, "get_model_state_cls"):
-                return model.get_model_state_cls()
-            return DefaultModelState
-        ''',
-    "vllm/v1/worker/gpu/model_states/interface.py": '''
-        from abc import ABC, abstractmethod
-
-
-        class ModelState(ABC):
-            @abstractmethod
-            def prepare_inputs(self, input_batch, req_states):
-                raise NotImplementedError
-
-            @abstractmethod
-            def prepare_attn(self, input_batch):
-                raise NotImplementedError
-
-            def custom_sampler(self, sampler):
-                return None
-        ''',
-    "vllm/v1/worker/gpu/model_states/default.py": '''
-        from vllm.v1.worker.gpu.model_states.interface import ModelState
-
-
-        class DefaultModelState(ModelState):
-            def __init__(self, vllm_config, model, encoder_cache, device):
-                self.model = model
-
-            def add_request(self, req_index, new_req_data):
-                return None
-
-            def remove_request(self, req_id):
-                return None
-
-            def prepare_inputs(self, input_batch, req_states):
-                return {}
-
-            def prepare_attn(self, input_batch):
-                return None
-        ''',
-    V2_MOD: '''
-        from vllm.v1.worker.gpu.async_utils import AsyncOutput
-        from vllm.v1.worker.gpu.model_states import init_model_state
-
-
-        class GPUModelRunner:
-            def __init__(self, vllm_config, device):
-                self.model_state = None
-
-            def load_model(self, *args, **kwargs):
-                self.model = object()
-                self.model_state = init_model_state(None, self.model, None, None)
-                self.sampler = self.model_state.custom_sampler(None)
-
-            def add_requests(self, new_reqs):
-                for i, r in enumerate(new_reqs):
-                    self.model_state.add_request(i, r)
-
-            def finish_requests(self, ids):
-                for r in ids:
-                    self.model_state.remove_request(r)
-
-            def execute_model(self, scheduler_output):
-                kwargs = self.model_state.prepare_inputs(None, None)
-                self.model_state.prepare_attn(None)
-                return self.model(**kwargs)
-
-            def sample_tokens(self, grammar_output):
-                return AsyncOutput()
-        ''',
-}
-
-#: the contract under test: the core's kind of contract, over this miniature.
-ROOT_OURS = {
-    "ours/runner.py": '''
-        class Mixin:
-            def _preprocess(self, scheduler_output, num_input_tokens, intermediate_tensors=None):
-                pass
-
-            def _model_forward(self, *args, **kwargs):
-                pass
-
-
-        class Wrapper:
-            pass
-        ''',
-    "ours/state.py": '''
-        class State:
-            def add_request(self, req_index, new_req_data):
-                pass
-
-            def remove_request(self, req_id):
-                pass
-
-            def prepare_inputs(self, input_batch, req_states):
-                pass
-
-            def custom_sampler(self, sampler):
-                pass
-        ''',
-}
+FIXTURES = Path(__file__).parent / "fixtures"
+#: the miniature vLLM source tree (read-only; :func:`_tree` copies it to change it)
+MINI_VLLM = FIXTURES / "mini_vllm"
+#: the contract's own side (``ours/runner.py``, ``ours/state.py``): the core's kind of code, over the miniature
+MINI_CORE = FIXTURES / "mini_core"
 
 
 def _contract(root: Path, *, coverage: ModelCallCoverage | None = None, recognised_by: str = "isinstance") -> SeamContract:
@@ -301,21 +92,19 @@ V1_BASE = VendorSymbol("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", kind
 V2_BASE = VendorSymbol("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", kind="class")
 
 
-def _write(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(textwrap.dedent(text).lstrip("\n"))
-    return root
-
-
 def _tree(tmp_path: Path, edits: dict[str, tuple[str, str]] | None = None, extra: dict[str, str] | None = None) -> Path:
-    files = {k: textwrap.dedent(v).lstrip("\n") for k, v in VLLM.items()}
+    """A copy of the miniature vLLM under ``tmp_path / "src"`` with ``edits`` (``{file: (old, new)}``,
+    each ``old`` found exactly as written) applied and ``extra`` files (dedented) added."""
+    files = {str(p.relative_to(MINI_VLLM)): p.read_text() for p in MINI_VLLM.rglob("*.py")}
     for rel, (old, new) in (edits or {}).items():
         assert old in files[rel], f"test edit does not apply to {rel}: {old!r}"
         files[rel] = files[rel].replace(old, new)
     files.update({k: textwrap.dedent(v).lstrip("\n") for k, v in (extra or {}).items()})
-    return _write(tmp_path / "src", files)
+    root = tmp_path / "src"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
 
 
 def _line(tree: Path, rel: str, needle: str) -> int:
@@ -326,8 +115,7 @@ def _line(tree: Path, rel: str, needle: str) -> int:
 
 
 def _facts(tmp_path: Path, base: VendorSymbol, tree: Path, **kw):
-    ours = _write(tmp_path / "ours_root", ROOT_OURS)
-    return check_seams(_contract(ours, **kw), base, SourceResolver([SourceTree(str(tree))]))
+    return check_seams(_contract(MINI_CORE, **kw), base, SourceResolver([SourceTree(str(tree))]))
 
 
 def _drift(facts):
@@ -361,15 +149,14 @@ def test_the_worker_warm_up_reaching_the_runners_dummy_run_is_reported(tmp_path)
     """``compile_or_warm_up_model`` -> ``self.model_runner._dummy_run`` (through a helper), on the
     worker class; a worker whose warm-up no longer reaches it is a note (not relied on)."""
     worker = VendorSymbol("vllm.v1.worker.gpu_worker", "Worker", kind="class")
-    ours = _write(tmp_path / "ours_root", ROOT_OURS)
     tree = _tree(tmp_path)
-    facts = check_worker_seams(_contract(ours), worker, SourceResolver([SourceTree(str(tree))]))
+    facts = check_worker_seams(_contract(MINI_CORE), worker, SourceResolver([SourceTree(str(tree))]))
     edge = {f.seam: f for f in facts}["compile_or_warm_up_model -> _dummy_run"]
     assert edge.status == "clean" and edge.found == "Worker.compile_or_warm_up_model -> Worker._warm -> _dummy_run"
     w = "vllm/v1/worker/gpu_worker.py"
     assert edge.vendor == f"{w}:{_line(tree, w, 'self.model_runner._dummy_run(size)')}"
     tree2 = _tree(tmp_path / "b", {w: ("self.model_runner._dummy_run(size)", "pass")})
-    facts = check_worker_seams(_contract(ours), worker, SourceResolver([SourceTree(str(tree2))]))
+    facts = check_worker_seams(_contract(MINI_CORE), worker, SourceResolver([SourceTree(str(tree2))]))
     edge = {f.seam: f for f in facts}["compile_or_warm_up_model -> _dummy_run"]
     assert (edge.status, edge.kind) == ("note", "no-edge")
 
@@ -497,8 +284,7 @@ def test_a_never_called_state_override_with_a_core_fallback_is_a_note(tmp_path):
     """The core may do a state seam's work elsewhere where the runner never calls it (vLLM 0.26's
     V2 runner and ``capture_inner_cudagraphs``): ``Seam(fallback=...)`` makes it a note naming the fallback."""
     tree = _tree(tmp_path, {V2_MOD: ("self.model_state.remove_request(r)", "pass")})
-    ours = _write(tmp_path / "ours_root", ROOT_OURS)
-    contract = _contract(ours)
+    contract = _contract(MINI_CORE)
     seams = tuple(dataclasses.replace(s, fallback="ours/runner.py:Mixin._preprocess") if s.name == "remove_request"
                   else s for s in contract.v2.state_seams)
     contract = dataclasses.replace(contract, v2=dataclasses.replace(contract.v2, state_seams=seams))
@@ -520,9 +306,8 @@ def test_a_state_seam_spelled_by_another_vllm_version(tmp_path):
         V2_MOD: ("self.model_state.prepare_attn(None)", "self.model_state.prepare_attn(None)\n"
                  "        self.model_state.get_mm_embeddings({}, None, None)"),
     })
-    ours = _write(tmp_path / "ours_root", ROOT_OURS)
     params = ("scheduled_encoder_inputs", "input_batch", "req_states")
-    contract = _contract(ours)
+    contract = _contract(MINI_CORE)
     for alternatives, want in (((), "drift"), (("get_mm_embeddings",), "clean")):
         seam = Seam("prepare_inputs_embeds", params=params, required=params, alternatives=alternatives)
         c = dataclasses.replace(contract, v2=dataclasses.replace(
@@ -552,14 +337,12 @@ def test_cli_checks_the_cuda_driver_bases_in_a_source_tree_with_a_contract_modul
     from omni_backends.cli import main
 
     tree = _tree(tmp_path, {V1_MOD: ("return self._model_forward(None, None)", "return self.model(None, None)")})
-    ours = _write(tmp_path / "ours_root", ROOT_OURS)
     (tmp_path / "contracts").mkdir()
     (tmp_path / "contracts" / "seam_contract_under_test.py").write_text(textwrap.dedent(f'''
         import sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_drift_seams import _contract
-        from pathlib import Path
-        CONTRACT = _contract(Path({str(ours)!r}))
+        from test_drift_seams import MINI_CORE, _contract
+        CONTRACT = _contract(MINI_CORE)
         '''))
     monkeypatch.syspath_prepend(str(tmp_path / "contracts"))
     rc = main(["check-drift", "--driver", "cuda", "--source", str(tree), "--contract",
@@ -591,30 +374,34 @@ def test_cli_contract_that_does_not_load_is_one_clear_error(capsys):
 
 def test_contracts_are_found_through_the_entry_point_group(tmp_path):
     """``omni_backends`` never imports ``core``: the core's contract arrives through the
-    ``omni_backends.seam_contracts`` entry point (pyproject.toml), here a fake dist-info."""
-    dist = tmp_path / "site" / "seamfake-1.0.dist-info"
+    ``omni_backends.seam_contracts`` entry point (pyproject.toml). A fake dist-info registers a
+    contract of its own name next to it: both are loaded."""
+    site = tmp_path / "site"
+    dist = site / "seamfake-1.0.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: seamfake\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[omni_backends.seam_contracts]\nfake = core.seams:CONTRACT\n")
+    (dist / "entry_points.txt").write_text("[omni_backends.seam_contracts]\nfake = seamfake_contract:CONTRACT\n")
+    (site / "seamfake_contract.py").write_text(
+        "from omni_backends.binding import SeamContract\nCONTRACT = SeamContract(name='seamfake', root='.')\n")
     code = ("from omni_backends.drift.cli import load_contracts; "
             "print(sorted(c.name for c in load_contracts()))")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), str(Path(__file__).parents[1]),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(Path(__file__).parents[1]),
                                                         os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "core" in out.stdout
+    assert out.stdout.strip() == "['core', 'seamfake']"
 
 
 def test_the_core_contract_points_at_the_core_code():
     """Every ``ours`` of the core's contract names a function or class that exists (file:line, not 'not found')."""
     from core.seams import CONTRACT
-    from omni_backends.drift.seams import _ours
+    from omni_backends.drift.seam_facts import ours_line
 
     seams = CONTRACT.v1.seams + CONTRACT.v2.runner_seams + CONTRACT.v2.state_seams
     refs = [s.ours for s in seams] + [s.fallback for s in seams if s.fallback]
     refs += [CONTRACT.v1.model_calls.ours, CONTRACT.v1.async_output.ours, CONTRACT.v2.model_calls.ours]
     for ref in refs:
-        got = _ours(CONTRACT, ref)
+        got = ours_line(CONTRACT, ref)
         assert got and "not found" not in got and got.rpartition(":")[2].isdigit(), (ref, got)
 
 

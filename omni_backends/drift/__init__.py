@@ -35,7 +35,10 @@ executors recognise it, V2 model-state facts (``docs/drift.md``).
 Modules: ``model`` (findings, reports), ``sources`` (source trees and AST
 resolution), ``installed`` (import + inspect), ``declarations`` (what a driver
 binds), ``symbols`` (signature comparison, vendor imports), ``chain`` (a
-class chain's dispatch and call reach), ``seams`` (the seam check), ``cli``.
+class chain's dispatch and call reach), ``seams`` (the seam check's entry
+points) with one module per fact family: ``seam_facts`` (findings and their
+recorder), ``seam_calls`` (seams, call edges, model calls), ``seam_async``
+(async outputs), ``seam_state`` (V2 model state); ``cli``.
 """
 
 from __future__ import annotations

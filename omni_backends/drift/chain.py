@@ -185,6 +185,17 @@ class ClassChain:
                     queue.append((target, path + [target.label]))
         return None
 
+    def abstract_methods(self) -> dict[str, str]:
+        """name -> ``file:line`` of every ``@abstractmethod`` of the chain's classes (the leaf's first)."""
+        out: dict[str, str] = {}
+        for c in self.classes:
+            for node in c.node.body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                    (_dotted(d) or "").rpartition(".")[2] == "abstractmethod" for d in node.decorator_list
+                ):
+                    out.setdefault(node.name, c.at(node))
+        return out
+
 
 @dataclasses.dataclass(frozen=True)
 class _Line:
