@@ -360,3 +360,168 @@ def test_import_probe_names_the_line_that_imports_a_vendor_stack(tmp_path):
     out = json.loads(proc.stdout)
     assert out["loaded"]["omni_backends_fake.eager"] == ["xml"]
     assert out["first"]["xml"] == f"{pkg / 'eager.py'}:2"
+
+
+# ------------------------------------------------------------ import circles and file sizes
+#: the product packages: no import circle among their modules, no file over MAX_LINES
+PRODUCT = (CORE, PKG)
+MAX_LINES = 600
+
+
+def module_names(roots: tuple[pathlib.Path, ...], base: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:
+    """``{dotted module name: file}`` of every ``.py`` file under ``roots`` (a package is its ``__init__.py``)."""
+    out = {}
+    for root in roots:
+        for f in py_files(root):
+            parts = f.relative_to(base).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return out
+
+
+def _import_base(module: str, is_package: bool, node: ast.ImportFrom) -> str | None:
+    """The absolute module a ``from X import ...`` in ``module`` reads from (relative levels resolved)."""
+    if node.level == 0:
+        return node.module
+    parts = module.split(".") if is_package else module.split(".")[:-1]
+    if node.level - 1 > len(parts) - 1:
+        return None  # beyond the top-level package
+    parts = parts[:len(parts) - (node.level - 1)]
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
+def import_graph(modules: dict[str, pathlib.Path]) -> dict[str, dict[str, str]]:
+    """``{module: {imported module: file:line of the first such import}}`` among ``modules``.
+
+    Every import counts, wherever it sits: module level, inside functions (lazy imports),
+    under ``if TYPE_CHECKING:``, and ``importlib.import_module("literal")``. ``import a.b``
+    imports ``a.b``; ``from a import b`` imports the submodule ``a.b`` when there is one, else
+    ``a``; relative imports are resolved against the importing module. Importing a submodule is
+    not counted as importing its parent package (whose ``__init__`` then runs): a package that
+    re-exports its submodules is no circle."""
+    graph: dict[str, dict[str, str]] = {m: {} for m in modules}
+    for module, path in modules.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(parse(path)):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _import_base(module, is_package, node)
+                if base is not None:
+                    targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            elif _dynamic_import_target(node):
+                targets = [_dynamic_import_target(node)]
+            for target in targets:
+                if target in modules and target != module:
+                    graph[module].setdefault(target, where(path, node))
+    return graph
+
+
+def strongly_connected(graph: dict[str, dict[str, str]]) -> list[list[str]]:
+    """The strongly connected components of ``graph`` with more than one module, each sorted,
+    in sorted order (Tarjan's algorithm, iterative: no recursion limit)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, successors = work[-1]
+            for nxt in successors:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return sorted(found)
+
+
+def import_circles(roots: tuple[pathlib.Path, ...], base: pathlib.Path = ROOT) -> list[str]:
+    """One line per import circle among the modules under ``roots``: its modules, then each
+    import inside it with ``file:line``."""
+    graph = import_graph(module_names(roots, base))
+    out = []
+    for component in strongly_connected(graph):
+        inside = [f"{a} -> {b} ({graph[a][b]})" for a in component for b in sorted(graph[a]) if b in component]
+        out.append(f"{' <-> '.join(component)}: " + "; ".join(inside))
+    return out
+
+
+def long_files(roots: tuple[pathlib.Path, ...], limit: int = MAX_LINES) -> list[str]:
+    """``file: N lines`` for every ``.py`` file under ``roots`` longer than ``limit`` lines."""
+    out = []
+    for root in roots:
+        for f in py_files(root):
+            n = len(f.read_text(encoding="utf-8").splitlines())
+            if n > limit:
+                out.append(f"{f.relative_to(ROOT) if f.is_relative_to(ROOT) else f}: {n} lines")
+    return out
+
+
+def test_no_import_circle_in_product_code():
+    circles = import_circles(PRODUCT)
+    assert not circles, "imports run one way (lazy imports count too); break each circle:" + _fmt(circles)
+
+
+def test_no_product_file_is_over_600_lines():
+    problems = long_files(PRODUCT)
+    assert not problems, f"split these by job (no product file over {MAX_LINES} lines):" + _fmt(problems)
+
+
+CIRCLES = {
+    "pkg/__init__.py": "from pkg.a import thing\nfrom pkg import b\n",  # re-exports: no circle with its submodules
+    "pkg/a.py": "from pkg import b  # a submodule\nthing = 1\n",
+    "pkg/b.py": "def lazy():\n    from .c import x\n",
+    "pkg/c.py": "import json\nx = 1\ndef later():\n    from . import a\n",
+    "pkg/d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.e\n",
+    "pkg/e.py": "import importlib\nmod = importlib.import_module('pkg.d')\n",
+    "pkg/sub/__init__.py": "",
+    "pkg/sub/g.py": "from ..h import y\n",
+    "pkg/h.py": "y = 1\ndef f():\n    import pkg.sub.g\n",
+    "pkg/alone.py": "import pkg\nfrom pkg import thing\nfrom pkg.sub import g\n",  # imports into circles, none back
+}
+
+
+def test_circle_scanner_finds_lazy_relative_and_submodule_imports(tmp_path):
+    for rel, text in CIRCLES.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    graph = import_graph(module_names((tmp_path / "pkg",), tmp_path))
+    assert graph["pkg.a"] == {"pkg.b": f"{tmp_path / 'pkg/a.py'}:1"}
+    assert set(graph["pkg.alone"]) == {"pkg", "pkg.sub.g"}
+    assert strongly_connected(graph) == [["pkg.a", "pkg.b", "pkg.c"], ["pkg.d", "pkg.e"], ["pkg.h", "pkg.sub.g"]]
+    circles = import_circles((tmp_path / "pkg",), tmp_path)
+    assert circles[0].startswith("pkg.a <-> pkg.b <-> pkg.c: pkg.a -> pkg.b (")
+    assert f"pkg.c -> pkg.a ({tmp_path / 'pkg/c.py'}:4)" in circles[0]
+    assert f"pkg.h -> pkg.sub.g ({tmp_path / 'pkg/h.py'}:3)" in circles[2]
+
+
+def test_long_file_scanner_names_each_file_over_the_limit(tmp_path):
+    (tmp_path / "ok.py").write_text("x = 1\n" * MAX_LINES)
+    (tmp_path / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    assert long_files((tmp_path,)) == [f"{tmp_path / 'long.py'}: {MAX_LINES + 1} lines"]
