@@ -13,8 +13,12 @@
 4. Importing any ``omni_backends`` module loads no vendor stack (and, outside
    the conformance suite's test modules, not even torch); checked in a fresh
    interpreter per module, naming the ``file:line`` that triggered the import.
+5. No import circle among the modules of ``core/`` and ``omni_backends/``:
+   the strongly connected components of the import graph read with AST
+   (module-level and lazy imports alike, see :func:`import_graph`).
+6. No product file (under ``core/`` or ``omni_backends/``) is over 600 lines.
 
-Every failure message names ``file:line``.
+Every failure message names ``file:line`` (rule 6: the file and its length).
 """
 
 from __future__ import annotations
