@@ -80,6 +80,17 @@ def _host_randn(*shape: int, seed: int) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
+def _warm_up(backend, fn, *args) -> None:
+    """Run ``fn`` once on a side stream, as torch asks before a capture (lazy initialisations, such as a
+    matmul library's handle, then happen outside the graph)."""
+    side = backend.new_stream()
+    side.wait_stream(backend.current_stream())
+    with backend.stream_context(side):
+        fn(*args)
+    backend.current_stream().wait_stream(side)
+    backend.synchronize()
+
+
 def test_every_capture_size_replays_in_one_pool(graphs):
     """One graph per capture size of a max batch of 20 (``capture_sizes(20)``), all captured into one pool, as
     vLLM captures them; replayed in capture order, each computes its own batch from new persistent-input values."""
@@ -92,8 +103,7 @@ def test_every_capture_size_replays_in_one_pool(graphs):
     captured = {}
     for bs in capture_sizes(20):
         x = torch.zeros(bs, 256, device=dev)
-        torch.relu(x @ w)  # warm-up outside the capture
-        backend.synchronize()
+        _warm_up(backend, lambda t: torch.relu(t @ w), x)
         graph = backend.new_graph()
         with backend.graph_capture(graph, pool=pool):
             y = torch.relu(x @ w)
@@ -118,7 +128,7 @@ def test_capture_on_a_driver_stream(graphs):
     side = backend.new_stream()
     side.wait_stream(backend.current_stream())
     with backend.stream_context(side):
-        torch.relu(x @ w)  # warm-up on the side stream
+        torch.relu(x @ w)  # warm-up on the capture's stream
     backend.current_stream().wait_stream(side)
     graph = backend.new_graph()
     with backend.graph_capture(graph, stream=side):
