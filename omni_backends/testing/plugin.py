@@ -32,7 +32,6 @@ import pytest
 
 #: per-device marker -> driver name it requires.
 DEVICE_MARKERS = {"device_cpu": "cpu", "device_cuda": "cuda", "device_npu": "npu", "device_xpu": "xpu"}
-_ALIASES = {"ascend": "npu"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -63,16 +62,35 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(JsonReport(config, path), "omni_backends_json_report")
 
 
-def _selected(config: pytest.Config) -> str:
-    name = (config.getoption("--device") or "cpu").strip().lower()
-    return _ALIASES.get(name, name)
+def canonical_device(config: pytest.Config, name: str) -> str:
+    """The driver name ``name`` stands for: lowercased, an alias a driver declares (``Backend.aliases``: the npu
+    driver's ``ascend``) resolved by :func:`omni_backends.registry.resolve_name` over the installed drivers; a
+    name no installed driver claims stays as given (the tests that need it skip or fail with the registry's
+    error). Cached per run."""
+    name = name.strip().lower()
+    cache = config.__dict__.setdefault("_omni_canonical_devices", {})
+    if name not in cache:
+        from omni_backends import registry
+        from omni_backends.errors import OmniBackendError
+
+        try:
+            entries, _notes = registry.discover()
+            cache[name] = registry.resolve_name(name, entries)
+        except OmniBackendError:  # an unknown name
+            cache[name] = name
+    return cache[name]
+
+
+def selected_device(config: pytest.Config) -> str:
+    """The driver name of this run's ``--device`` (default ``cpu``), aliases resolved (:func:`canonical_device`)."""
+    return canonical_device(config, config.getoption("--device") or "cpu")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Skip, with the reason, a test marked for a device other than ``--device``."""
-    selected = _selected(item.config)
+    selected = selected_device(item.config)
     wanted = [dev for marker, dev in DEVICE_MARKERS.items() if item.get_closest_marker(marker)]
-    wanted += [_ALIASES.get(str(a).lower(), str(a).lower()) for m in item.iter_markers("device") for a in m.args]
+    wanted += [canonical_device(item.config, str(a)) for m in item.iter_markers("device") for a in m.args]
     if wanted and selected not in wanted:
         pytest.skip(f"needs --device {' or '.join(sorted(set(wanted)))}; this run uses --device {selected}")
 

@@ -50,8 +50,10 @@ VARIANTS = {
 
 
 def device_of(config: pytest.Config) -> str:
-    name = (config.getoption("--device") or "cpu").strip().lower()
-    return {"ascend": "npu"}.get(name, name)
+    """The driver name of ``--device``, aliases resolved (the kit plugin's ``selected_device``)."""
+    from omni_backends.testing.plugin import selected_device
+
+    return selected_device(config)
 
 
 def variants_for(device: str) -> list[str]:
