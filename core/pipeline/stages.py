@@ -94,7 +94,7 @@ def _start_stage(stage: str, model: str, kind: str, cfg: RunConfig, backend: Any
                  **kw: Any) -> tuple[Any, dict[str, Any]]:
     """Start one stage's engine; returns it and its summary entries (engine start
     time, the memory it was given, what vLLM resolved)."""
-    from core.stage import make_engine
+    from core.stage import make_engine  # looked up per call: a wrapper set on core.stage.make_engine is used
 
     mem = engine_memory_kw(backend, model, max_model_len=max_model_len, max_num_seqs=ENGINE_KW["max_num_seqs"],
                           dtype=ENGINE_KW["dtype"])
@@ -153,7 +153,7 @@ def run_stages(cfg: RunConfig, configs: dict[str, dict[str, Any]], staging: str,
 def _run_stages_on(engines: StageEngines, cfg: RunConfig, configs: dict[str, dict[str, Any]], staging: str,
                    say: Callable[[str], None], backend: Any) -> dict[str, Any]:
     import torch
-    from vllm import SamplingParams
+    from vllm.sampling_params import SamplingParams
 
     from core.payloads import EXTRA_ARGS_KEY, pack
 
