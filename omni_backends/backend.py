@@ -464,8 +464,8 @@ class Backend(abc.ABC):
 
     @kit_operation
     def is_device_tensor(self, tensor: "torch.Tensor") -> bool:
-        """True if ``tensor`` lives on this driver's device type. Replaces every
-        ``t.is_cuda`` / ``device.type == "cuda"`` test in the core."""
+        """True if ``tensor`` lives on this driver's device type (what ``t.is_cuda``
+        asks on CUDA). Default: ``tensor.device.type == device_type``."""
         return tensor.device.type == self.device_type
 
     # ---------------------------------------------------------- torch graph primitive (what graph wrappers build on)
