@@ -10,7 +10,8 @@ Adds:
 - markers: ``device_tier``, ``engine_tier`` (tiers), ``device_cpu``,
   ``device_cuda``, ``device_npu``, ``device_xpu`` and ``device(NAME)`` (a
   test for one device: skipped, with the reason printed, under any other
-  ``--device``);
+  ``--device``; a driver's declared aliases, such as ``ascend`` for ``npu``,
+  count as its name);
 - fixtures: ``device_name``, ``driver_under_test``, ``backend``,
   ``capabilities``.
 
