@@ -1,4 +1,5 @@
-"""Fixtures for the core-runner tests: demo models and engine scenarios.
+"""Fixtures for the core-runner tests: demo models, the V2 fakes' ``vllm_config``, and engine scenarios (the
+backend fixtures, ``cpu_backend`` / ``cpu_selected`` / the kit's ``backend``, are in ``tests/conftest.py``).
 
 Engine scenarios run in fresh subprocesses (vLLM engines and the driver
 selection are per process); each scenario runs at most once per session.
