@@ -32,7 +32,7 @@ from vllm.v1.engine.output_processor import OutputProcessor
 from core.kinds import AR, GENERATION
 from core.outputs import merge_step_outputs
 from core.payloads import EXTRA_ARGS_KEY, unpack
-from omni_backends.binding import VendorSymbol
+from core.seams import ASYNC_SCHEDULER, ASYNC_SCHEDULING
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,6 @@ class OmniEngineCoreOutputs(EngineCoreOutputs, array_like=True, omit_defaults=Tr
     outputs: list[OmniEngineCoreOutput] = []  # type: ignore[assignment]
 
 
-ASYNC_SCHEDULER = VendorSymbol("vllm.v1.core.sched.async_scheduler", "AsyncScheduler", kind="class")
-ASYNC_SCHEDULING = VendorSymbol("vllm.config.scheduler", "SchedulerConfig.async_scheduling", kind="attribute")
-SCHEDULER_SEAMS = (ASYNC_SCHEDULER, ASYNC_SCHEDULING)
 """vLLM symbols the scheduler choice binds (for the drift check)."""
 
 
@@ -181,7 +178,7 @@ def _payload_validator(engine: Any) -> Any:
 
     Resolved through vLLM's ``ModelRegistry`` from the model's architectures
     (imports the model module in the front-end process, builds nothing)."""
-    from vllm import ModelRegistry
+    from vllm.model_executor.models.registry import ModelRegistry
 
     model_config = engine.model_config
     model_cls, _ = ModelRegistry.resolve_model_cls(model_config.architectures, model_config)

@@ -24,7 +24,7 @@ Ascend runners built on it; the V2 runner) that the core must not assume away:
    every abstract method it declares, and takes this step's multimodal outputs
    at once (an async output is read after the next step has started).
 
-The seams are declared below (:data:`SEAMS`) for ``omni-backends check-drift``.
+The vLLM symbols used here are declared in :mod:`core.seams`.
 """
 
 from __future__ import annotations
@@ -35,15 +35,9 @@ from typing import Any, Callable
 
 import torch
 
-from omni_backends.binding import VendorSymbol
+from core.seams import ASYNC_MODEL_RUNNER_OUTPUT, COPY_INPUTS
 
 log = logging.getLogger(__name__)
-
-ASYNC_MODEL_RUNNER_OUTPUT = VendorSymbol("vllm.v1.outputs", "AsyncModelRunnerOutput", kind="class")
-ASYNC_GET_OUTPUT = VendorSymbol("vllm.v1.outputs", "AsyncModelRunnerOutput.get_output")
-SEAMS: tuple[VendorSymbol, ...] = (ASYNC_MODEL_RUNNER_OUTPUT, ASYNC_GET_OUTPUT)  # + COPY_INPUTS below
-"""The vLLM symbols this module binds (for the drift check)."""
-
 
 # ------------------------------------------------------------------ model outputs
 def split_output(output: Any) -> tuple[Any, dict[str, Any]]:
@@ -224,7 +218,6 @@ def takes_per_request_kwargs(model: Any) -> bool:
     return any(name in params for name in PER_REQUEST_KWARGS)
 
 
-COPY_INPUTS = VendorSymbol("vllm.config.compilation", "CompilationConfig.cudagraph_copy_inputs", kind="attribute")
 
 
 def copy_graph_inputs(vllm_config: Any, model: Any) -> bool:

@@ -1,20 +1,27 @@
-"""The core's seam contract: what the omni runner relies on in vLLM's (and a vendor's) base runners.
+"""The core's seam contract: every vLLM symbol the core binds, and what the omni runner relies on in vLLM's
+(and a vendor's) base runners -- declared once, here.
 
-Declared here, next to the code that relies on it (:mod:`core.runner`'s V1
-mixin, :mod:`core.model_state`'s V2 state and runner mixin), as data in the
-``VendorSymbol`` style (:mod:`omni_backends.binding`). ``omni-backends
-check-drift`` reads it through the entry point ``omni_backends.seam_contracts``
-(``core = "core.seams:CONTRACT"``) and resolves it statically (``ast``, nothing
-imported) against the base runner chain of each driver (``--source`` trees,
-wheels, sdists, or the installed packages): see ``docs/drift.md``.
+Everything the core takes from vLLM is a ``VendorSymbol`` (:mod:`omni_backends.binding`) in this module: the
+names the core imports (:data:`IMPORTED`), the V1 runner's attributes (:data:`V1_SYMBOLS`), the V2 model state's
+and runner's (:data:`V2_SYMBOLS`), graph capture (:data:`GRAPH_SYMBOLS`), the engine core and front end
+(:data:`ENGINE_SYMBOLS`), the pipeline's engine lifecycle (:data:`PIPELINE_SYMBOLS`). The core's modules import
+them from here (``tests/test_core_seams.py`` fails when a module constructs a ``VendorSymbol`` or imports a vLLM
+name that is not declared here). The method overrides are :class:`~omni_backends.binding.Seam` s
+(:data:`V1`, :data:`V2`).
 
-Each ``ours`` names the core's code (``file.py:Qualname`` under :data:`ROOT`),
-so every finding has ``file:line`` on both sides.
+``omni-backends check-drift`` reads :data:`CONTRACT` through the entry point ``omni_backends.seam_contracts``
+(``core = "core.seams:CONTRACT"``) and resolves it statically (``ast``, nothing imported) against each
+driver's vLLM (``--source`` trees, wheels, sdists, or the installed packages): the symbols
+(``CONTRACT.symbols``) and the seams in the base runner chain of each driver; see ``docs/drift.md``.
+
+Each ``ours`` names the core's code (``file.py:Qualname`` under :data:`ROOT`), so every finding has
+``file:line`` on both sides.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 from omni_backends.binding import (
     MODEL_CALL_FORMS,
@@ -31,7 +38,157 @@ from omni_backends.binding import (
 #: the directory ``ours`` paths are relative to (the repository root of the core).
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-ASYNC_MODEL_RUNNER_OUTPUT = VendorSymbol("vllm.v1.outputs", "AsyncModelRunnerOutput", kind="class")
+
+def _here(depth: int = 2) -> str:
+    """``file:line`` of the declaration calling a helper below (what check-drift reports)."""
+    frame = sys._getframe(depth)
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def _cls(module: str, attr: str) -> VendorSymbol:
+    return VendorSymbol(module, attr, kind="class", defined_at=_here())
+
+
+def _attr(module: str, attr: str) -> VendorSymbol:
+    return VendorSymbol(module, attr, kind="attribute", defined_at=_here())
+
+
+def _call(module: str, attr: str, *params: str, kind: str = "callable") -> VendorSymbol:
+    """A vLLM callable the core calls or overrides, passing all of ``params``."""
+    return VendorSymbol(module, attr, params=params, required=params, kind=kind, defined_at=_here())
+
+
+# ------------------------------------------------------------------ names the core imports from vLLM
+LLM = _cls("vllm.entrypoints.llm", "LLM")
+SAMPLING_PARAMS = _cls("vllm.sampling_params", "SamplingParams")
+MODEL_REGISTRY = _attr("vllm.model_executor.models.registry", "ModelRegistry")
+LLAMA_FOR_CAUSAL_LM = _cls("vllm.model_executor.models.llama", "LlamaForCausalLM")
+HF_CONFIG_REGISTRY = _attr("vllm.transformers_utils.config", "_CONFIG_REGISTRY")
+SCHEDULER = _cls("vllm.v1.core.sched.scheduler", "Scheduler")
+ENGINE_CORE_OUTPUT = _cls("vllm.v1.engine", "EngineCoreOutput")
+ENGINE_CORE_OUTPUTS = _cls("vllm.v1.engine", "EngineCoreOutputs")
+OUTPUT_PROCESSOR = _cls("vllm.v1.engine.output_processor", "OutputProcessor")
+MODEL_RUNNER_OUTPUT = _cls("vllm.v1.outputs", "ModelRunnerOutput")
+IMPORTED = (LLM, SAMPLING_PARAMS, MODEL_REGISTRY, LLAMA_FOR_CAUSAL_LM, HF_CONFIG_REGISTRY, SCHEDULER,
+            ENGINE_CORE_OUTPUT, ENGINE_CORE_OUTPUTS, OUTPUT_PROCESSOR, MODEL_RUNNER_OUTPUT)
+"""Every ``from vllm... import NAME`` in the core, as (module, NAME)."""
+
+# ------------------------------------------------------------------ the engine core and the front end
+ASYNC_SCHEDULER = _cls("vllm.v1.core.sched.async_scheduler", "AsyncScheduler")
+ASYNC_SCHEDULING = _attr("vllm.config.scheduler", "SchedulerConfig.async_scheduling")
+ASYNC_MODEL_RUNNER_OUTPUT = _cls("vllm.v1.outputs", "AsyncModelRunnerOutput")
+ASYNC_GET_OUTPUT = VendorSymbol("vllm.v1.outputs", "AsyncModelRunnerOutput.get_output")
+#: vLLM copies a compiled graph's inputs into its static buffers (``core.model_io.copy_graph_inputs``)
+COPY_INPUTS = _attr("vllm.config.compilation", "CompilationConfig.cudagraph_copy_inputs")
+ENGINE_SYMBOLS = (ASYNC_SCHEDULER, ASYNC_SCHEDULING, ASYNC_MODEL_RUNNER_OUTPUT, ASYNC_GET_OUTPUT, COPY_INPUTS)
+
+# ------------------------------------------------------------------ the pipeline's engine lifecycle
+ENGINE_CORE_PROCESSES = _attr("vllm.v1.engine.utils", "CoreEngineProcManager.processes")
+ENGINE_CORE_SHUTDOWN = VendorSymbol("vllm.v1.engine.core_client", "EngineCoreClient.shutdown", required=())
+ENGINE_DEAD_ERROR = _cls("vllm.v1.engine.exceptions", "EngineDeadError")
+SYNC_MP_OUTPUTS_QUEUE = _attr("vllm.v1.engine.core_client", "SyncMPClient.outputs_queue")
+PIPELINE_SYMBOLS = (ENGINE_CORE_PROCESSES, ENGINE_CORE_SHUTDOWN, ENGINE_DEAD_ERROR, SYNC_MP_OUTPUTS_QUEUE)
+
+# ------------------------------------------------------------------ graphs (core.hooks.graphs)
+CUDAGRAPH_MODE = _cls("vllm.config", "CUDAGraphMode")
+BATCH_DESCRIPTOR = VendorSymbol("vllm.forward_context", "BatchDescriptor", params=("num_tokens",),
+                                required=("num_tokens",), kind="class")
+#: vLLM's switch that lets a graph wrapper capture (what the runners set around their captures)
+CUDAGRAPH_CAPTURING = _call("vllm.compilation.monitor", "set_cudagraph_capturing_enabled", "enabled")
+CUDAGRAPH_CAPTURING_FLAG = _attr("vllm.compilation.monitor", "cudagraph_capturing_enabled")
+GRAPH_SYMBOLS = (CUDAGRAPH_MODE, BATCH_DESCRIPTOR, CUDAGRAPH_CAPTURING, CUDAGRAPH_CAPTURING_FLAG)
+
+# ------------------------------------------------------------------ V1 runner (core.runner.v1)
+# What the mixin overrides or reads on vLLM's V1 GPUModelRunner (the CPU / XPU / Ascend V1 runners subclass it),
+# the same in every vLLM of the cuda window (0.26 through 0.33).
+_V1 = "vllm.v1.worker.gpu_model_runner"
+
+
+def _v1(attr: str, *params: str, kind: str = "callable") -> VendorSymbol:
+    return VendorSymbol(_V1, f"GPUModelRunner.{attr}", params=params, required=params if params else None, kind=kind,
+                        defined_at=_here())
+
+
+V1_SYMBOLS: tuple[VendorSymbol, ...] = (
+    _v1("load_model"),  # called with vLLM's own arguments, passed through
+    _v1("capture_model"),
+    _v1("_update_states", "scheduler_output"),
+    _v1("_preprocess", "scheduler_output", "num_input_tokens", "intermediate_tensors"),  # returns a 6-tuple
+    _v1("_model_forward"),  # vLLM's arguments, passed through
+    _v1("sample_tokens", "grammar_output"),
+    *(_v1(name, kind="attribute") for name in (
+        "input_batch", "query_start_loc", "inputs_embeds", "input_ids", "max_num_reqs", "max_num_tokens",
+        "model_config", "vllm_config", "dtype", "device", "model", "requests", "sampler")),
+    *(_attr("vllm.v1.worker.gpu_input_batch", f"InputBatch.{name}")
+      for name in ("req_ids", "num_reqs", "num_computed_tokens_cpu", "num_prompt_tokens", "sampling_metadata")),
+    *(_attr("vllm.v1.core.sched.output", f"SchedulerOutput.{name}") for name in ("finished_req_ids", "scheduled_new_reqs")),
+)
+"""Every vLLM V1 symbol :mod:`core.runner.v1` relies on."""
+
+# ------------------------------------------------------------------ V2 model state and runner
+_STATES = "vllm.v1.worker.gpu.model_states"
+_DEFAULT = "vllm.v1.worker.gpu.model_states.default"
+_V2 = "vllm.v1.worker.gpu.model_runner"
+DEFAULT_MODEL_STATE = _call(_DEFAULT, "DefaultModelState", "vllm_config", "model", "encoder_cache", "device",
+                            kind="class")
+MODEL_STATE_INTERFACE = _cls("vllm.v1.worker.gpu.model_states.interface", "ModelState")
+#: how vLLM picks a model's ModelState class: 0.32+ in ``resolve_model_state_cls``, 0.26 inline in
+#: ``init_model_state`` (both consult the model's ``get_model_state_cls``; vLLM 0.23's does not). The omni V2
+#: runner composes its hooks with whatever state this built (``core.runner.v2``), so it never calls it.
+RESOLVE_MODEL_STATE_CLS = VendorSymbol(
+    _STATES, "resolve_model_state_cls", params=("vllm_config", "model"), required=("vllm_config", "model"),
+    mentions=("get_model_state_cls",),
+    alternatives=(VendorSymbol(_STATES, "init_model_state", params=("vllm_config", "model", "encoder_cache", "device"),
+                               required=("vllm_config", "model", "encoder_cache", "device"),
+                               mentions=("get_model_state_cls",)),),
+)
+MS_ADD_REQUEST = _call(_DEFAULT, "DefaultModelState.add_request", "req_index", "new_req_data")
+MS_REMOVE_REQUEST = _call(_DEFAULT, "DefaultModelState.remove_request", "req_id")
+MS_PREPARE_INPUTS = _call(_DEFAULT, "DefaultModelState.prepare_inputs", "input_batch", "req_states")
+#: the runner's embeds of a multimodal / prompt-embeds batch: 0.32+ ``prepare_inputs_embeds``, 0.26
+#: ``get_mm_embeddings`` (same parameters); the omni state binds its overlay under whichever name vLLM calls
+MS_PREPARE_INPUTS_EMBEDS = VendorSymbol(
+    _DEFAULT, "DefaultModelState.prepare_inputs_embeds", params=("scheduled_encoder_inputs", "input_batch", "req_states"),
+    required=("scheduled_encoder_inputs", "input_batch", "req_states"),
+    alternatives=(VendorSymbol(_DEFAULT, "DefaultModelState.get_mm_embeddings",
+                               params=("scheduled_encoder_inputs", "input_batch", "req_states"),
+                               required=("scheduled_encoder_inputs", "input_batch", "req_states")),),
+)
+MS_PREPARE_DUMMY_INPUTS = _call(_DEFAULT, "DefaultModelState.prepare_dummy_inputs", "num_reqs", "num_tokens")
+INPUT_BATCH_FIELDS = tuple(
+    _attr("vllm.v1.worker.gpu.input_batch", f"InputBatch.{name}")
+    for name in ("req_ids", "num_reqs", "idx_mapping_np", "query_start_loc_np", "num_computed_tokens_np",
+                 "num_tokens", "num_tokens_after_padding", "input_ids")
+)
+REQUEST_STATE_PROMPT_LEN = _attr("vllm.v1.worker.gpu.states", "RequestState.prompt_len")
+REQUEST_STATE_IDS = _attr("vllm.v1.worker.gpu.states", "RequestState.req_id_to_index")
+NEW_REQUEST_FIELDS = tuple(_attr("vllm.v1.core.sched.output", f"NewRequestData.{name}")
+                           for name in ("req_id", "sampling_params"))
+V2_SAMPLER_CALL = _call("vllm.v1.worker.gpu.sample.sampler", "Sampler.__call__", "logits", "input_batch")
+V2_SAMPLED_TOKEN_IDS = _attr("vllm.v1.worker.gpu.sample.output", "SamplerOutput.sampled_token_ids")
+V2_SAMPLE_TOKENS = _call(_V2, "GPUModelRunner.sample_tokens", "grammar_output")
+V2_LOAD_MODEL = VendorSymbol(_V2, "GPUModelRunner.load_model")
+#: the runner's own state and sampler after ``load_model``: the omni runner composes the one and wraps the other
+V2_MODEL_STATE_ATTR = _attr(_V2, "GPUModelRunner.model_state")
+V2_SAMPLER_ATTR = _attr(_V2, "GPUModelRunner.sampler")
+V2_ENCODER_CACHE_ATTR = _attr(_V2, "GPUModelRunner.encoder_cache")
+#: the V2 runner's graph capture (no arguments), after which the talker MTP's graphs are captured (every version)
+V2_CAPTURE_MODEL = _call(_V2, "GPUModelRunner.capture_model")
+REQUIRES_RAW_INPUT_TOKENS = _call("vllm.model_executor.models.interfaces", "requires_raw_input_tokens", "model")
+
+V2_SYMBOLS: tuple[VendorSymbol, ...] = (
+    DEFAULT_MODEL_STATE, MODEL_STATE_INTERFACE, RESOLVE_MODEL_STATE_CLS, MS_ADD_REQUEST, MS_REMOVE_REQUEST,
+    MS_PREPARE_INPUTS, MS_PREPARE_INPUTS_EMBEDS, MS_PREPARE_DUMMY_INPUTS, V2_CAPTURE_MODEL,
+    *INPUT_BATCH_FIELDS, REQUEST_STATE_PROMPT_LEN, REQUEST_STATE_IDS, *NEW_REQUEST_FIELDS, V2_SAMPLER_CALL,
+    V2_SAMPLED_TOKEN_IDS, V2_SAMPLE_TOKENS, V2_LOAD_MODEL, V2_MODEL_STATE_ATTR, V2_SAMPLER_ATTR,
+    V2_ENCODER_CACHE_ATTR, REQUIRES_RAW_INPUT_TOKENS,
+)
+"""Every vLLM V2 symbol :mod:`core.runner.model_state` and :mod:`core.runner.v2` rely on."""
+
+SYMBOLS: tuple[VendorSymbol, ...] = (*IMPORTED, *ENGINE_SYMBOLS, *PIPELINE_SYMBOLS, *GRAPH_SYMBOLS, *V1_SYMBOLS,
+                                     *V2_SYMBOLS)
+"""Every vLLM symbol the core binds (what ``check-drift`` resolves from :data:`CONTRACT`)."""
+
 #: executors that receive ``sample_tokens``' output and unwrap an async one.
 EXECUTORS = (
     "vllm.v1.executor.uniproc_executor",
@@ -39,17 +196,17 @@ EXECUTORS = (
     "vllm.v1.executor.ray_utils",
 )
 
-# ------------------------------------------------------------------ V1 (core/runner.py)
+# ------------------------------------------------------------------ V1 seams (core/runner/v1.py)
 V1_SEAMS = (
-    Seam("load_model", ours="core/runner.py:OmniV1RunnerMixin.load_model"),  # (*args, **kwargs) passed through
-    Seam("capture_model", required=(), ours="core/runner.py:OmniV1RunnerMixin.capture_model"),
+    Seam("load_model", ours="core/runner/v1.py:OmniV1RunnerMixin.load_model"),  # (*args, **kwargs) passed through
+    Seam("capture_model", required=(), ours="core/runner/v1.py:OmniV1RunnerMixin.capture_model"),
     Seam("_update_states", params=("scheduler_output",), required=("scheduler_output",),
-         ours="core/runner.py:OmniV1RunnerMixin._update_states"),
+         ours="core/runner/v1.py:OmniV1RunnerMixin._update_states"),
     Seam("_preprocess", params=("scheduler_output", "num_input_tokens", "intermediate_tensors"),
-         required=("scheduler_output", "num_input_tokens"), ours="core/runner.py:OmniV1RunnerMixin._preprocess"),
-    Seam("_model_forward", ours="core/runner.py:OmniV1RunnerMixin._model_forward"),  # passed through
+         required=("scheduler_output", "num_input_tokens"), ours="core/runner/v1.py:OmniV1RunnerMixin._preprocess"),
+    Seam("_model_forward", ours="core/runner/v1.py:OmniV1RunnerMixin._model_forward"),  # passed through
     Seam("sample_tokens", params=("grammar_output",), required=("grammar_output",),
-         ours="core/runner.py:OmniV1RunnerMixin.sample_tokens"),
+         ours="core/runner/v1.py:OmniV1RunnerMixin.sample_tokens"),
 )
 V1_EDGES = (
     CallEdge("execute_model", "_update_states", why="on_new_requests / on_finished_requests"),
@@ -87,11 +244,9 @@ V1_WORKER_EDGES = (
 V1 = V1RunnerContract(seams=V1_SEAMS, edges=V1_EDGES, model_calls=MODEL_OUTPUT_ADAPTER, async_output=ASYNC_OUTPUT,
                       worker_edges=V1_WORKER_EDGES)
 
-# ------------------------------------------------------------------ V2 (core/model_state.py)
-_MS = "core/model_state.py:OmniModelStateMixin."
+# ------------------------------------------------------------------ V2 seams (core/runner/)
+_MS = "core/runner/model_state.py:OmniModelStateMixin."
 V2_STATE_SEAMS = (
-    Seam("__init__", params=("vllm_config", "model", "encoder_cache", "device"),
-         required=("vllm_config", "model", "encoder_cache", "device"), ours=_MS + "__init__"),
     Seam("add_request", params=("req_index", "new_req_data"), required=("req_index", "new_req_data"),
          ours=_MS + "add_request"),
     Seam("remove_request", params=("req_id",), required=("req_id",), ours=_MS + "remove_request"),
@@ -102,24 +257,24 @@ V2_STATE_SEAMS = (
          ours=_MS + "prepare_inputs"),
     Seam("prepare_dummy_inputs", params=("num_reqs", "num_tokens"), required=("num_reqs", "num_tokens"),
          ours=_MS + "prepare_dummy_inputs"),
-    Seam("custom_sampler", params=("sampler",), required=("sampler",), ours=_MS + "custom_sampler"),
     # no capture_inner_cudagraphs / get_additional_cg_support: vLLM 0.26 never calls them, so the runner
     # mixin's capture_model captures the talker-MTP graphs and hooks.bind_model lowers FULL graphs for
     # models taking per-request kwargs (core.hooks.no_full_graphs), the same on every version
 )
 V2_RUNNER_SEAMS = (
-    Seam("load_model", ours="core/model_state.py:OmniV2RunnerMixin.load_model"),
-    Seam("capture_model", ours="core/model_state.py:OmniV2RunnerMixin.capture_model"),  # (*args, **kwargs)
+    Seam("load_model", ours="core/runner/v2.py:OmniV2RunnerMixin.load_model"),
+    Seam("capture_model", ours="core/runner/v2.py:OmniV2RunnerMixin.capture_model"),  # (*args, **kwargs)
     Seam("sample_tokens", params=("grammar_output",), required=("grammar_output",),
-         ours="core/model_state.py:OmniV2RunnerMixin.sample_tokens"),
+         ours="core/runner/v2.py:OmniV2RunnerMixin.sample_tokens"),
 )
 V2 = V2RunnerContract(
     runner_seams=V2_RUNNER_SEAMS, state_seams=V2_STATE_SEAMS, model_calls=MODEL_OUTPUT_ADAPTER, async_output=ASYNC_OUTPUT,
-    state_base=VendorSymbol("vllm.v1.worker.gpu.model_states.default", "DefaultModelState", kind="class"),
-    state_interface=VendorSymbol("vllm.v1.worker.gpu.model_states.interface", "ModelState", kind="class"),
+    state_base=DEFAULT_MODEL_STATE, state_interface=MODEL_STATE_INTERFACE,
+    state_hook=None,  # the runner composes the omni state with the state vLLM / the platform built (core.runner.v2)
 )
 
-CONTRACT = SeamContract(name="core", root=ROOT, v1=V1, v2=V2)
+CONTRACT = SeamContract(name="core", root=ROOT, v1=V1, v2=V2, symbols=SYMBOLS)
 """The core's seam contract (entry point ``omni_backends.seam_contracts``: ``core``)."""
 
-__all__ = ["ASYNC_OUTPUT", "CONTRACT", "MODEL_CALL_FORMS", "MODEL_OUTPUT_ADAPTER", "ROOT", "V1", "V2"]
+__all__ = ["ASYNC_OUTPUT", "CONTRACT", "IMPORTED", "MODEL_CALL_FORMS", "MODEL_OUTPUT_ADAPTER", "ROOT", "SYMBOLS", "V1",
+           "V1_SYMBOLS", "V2", "V2_SYMBOLS"]

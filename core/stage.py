@@ -188,7 +188,7 @@ def make_engine(model: str, *, kind: str = AR, device: str | None = None, **engi
         check_engine_choices(EngineChoices(graph_mode=None if mode is None else str(getattr(mode, "name", mode)),
                                            enforce_eager=bool(engine_kwargs.get("enforce_eager"))), sel.backend,
                              graph_source="compilation_config cudagraph_mode")
-        from vllm import LLM
+        from vllm.entrypoints.llm import LLM
 
         from core.engine import attach_omni_frontend
 

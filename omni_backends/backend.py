@@ -356,6 +356,12 @@ class Backend(abc.ABC):
         Default: a null context (no graphs)."""
         return contextlib.nullcontext()
 
+    def captured_graphs(self, wrapped: Any) -> int | None:
+        """How many graphs ``wrapped`` (what :meth:`wrap_graph` returned) holds,
+        for the talker MTP's graph report (``core.hooks.TalkerMTP.graph_stats``);
+        ``None`` when the wrapper does not tell. Default: ``None``."""
+        return None
+
     def prepare_sampler(self, sampler: Any) -> Any:
         """Give the V1 sampler a model runner built (``GPUModelRunner.sampler``:
         ``vllm.v1.sample.sampler.Sampler`` / ``AscendSampler``) the driver's

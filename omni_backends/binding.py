@@ -279,8 +279,10 @@ class V2RunnerContract:
     """What the core's V2 model state and runner mixin rely on in a V2 runner chain.
 
     - ``init_function`` / ``state_hook``: the runner builds its model state with
-      ``init_function(...)``, which must consult the model's ``state_hook``
-      (``get_model_state_cls``); a vendor that reassigns ``init_function`` at
+      ``init_function(...)``; with a ``state_hook`` (``get_model_state_cls``) it
+      must consult the model's hook; ``state_hook=None`` (the core since the
+      runner composes the omni state with whatever was built) makes the hook
+      and a vendor's replacement facts, not drift; a vendor that reassigns ``init_function`` at
       module level must consult it too.
     - ``state_base``: the class the omni state subclasses; ``state_interface``:
       the abstract base whose abstract methods must all be implemented.
@@ -296,7 +298,7 @@ class V2RunnerContract:
     state_base: VendorSymbol
     state_interface: VendorSymbol
     init_function: str = "init_model_state"
-    state_hook: str = "get_model_state_cls"
+    state_hook: str | None = "get_model_state_cls"
     marker: tuple[str, str] = ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner")
 
 
@@ -309,3 +311,5 @@ class SeamContract:
     root: str
     v1: V1RunnerContract | None = None
     v2: V2RunnerContract | None = None
+    #: every vendor symbol the core binds (resolved by ``check-drift`` like a driver's declarations)
+    symbols: tuple[VendorSymbol, ...] = ()

@@ -45,6 +45,9 @@ CUDA_GRAPH_WRAPPER = VendorSymbol(
     required=("runnable", "vllm_config", "runtime_mode"),
     kind="class",
 )
+#: the graphs a ``CUDAGraphWrapper`` holds (one entry per ``BatchDescriptor``; read, never written)
+CUDA_GRAPH_ENTRIES = VendorSymbol("vllm.compilation.cuda_graph", "CUDAGraphWrapper.concrete_cudagraph_entries",
+                                  kind="attribute")
 GRAPH_CAPTURE = VendorSymbol("vllm.distributed.parallel_state", "graph_capture", params=("device",), required=("device",))
 SAMPLER = VendorSymbol("vllm.v1.sample.sampler", "Sampler", params=("logprobs_mode",), required=(), kind="class")
 # The seam of the one-token rule (:func:`install_one_token_greedy`): vLLM's V1 ``Sampler.sample`` applies the
@@ -125,6 +128,14 @@ class VllmUpstreamBackend(Backend):
         if not self.capabilities().static_graphs:
             return runnable
         return CUDA_GRAPH_WRAPPER.resolve()(runnable, vllm_config, runtime_mode=runtime_mode)
+
+    def captured_graphs(self, wrapped: Any) -> int | None:
+        """The entries of a ``CUDAGraphWrapper`` (``concrete_cudagraph_entries``) that hold a captured
+        graph; ``None`` for anything else (no static graphs: ``wrap_graph`` returned the runnable)."""
+        entries = getattr(wrapped, CUDA_GRAPH_ENTRIES.attr_name, None)
+        if not isinstance(entries, dict):
+            return None
+        return sum(1 for e in entries.values() if getattr(e, "cudagraph", None) is not None)
 
     def graph_capture_context(self, device: Any) -> ContextManager[Any]:
         """``vllm.distributed.parallel_state.graph_capture(device)``; a null context without graphs."""

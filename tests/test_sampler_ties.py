@@ -130,7 +130,7 @@ def test_the_rule_keeps_vllms_processed_logprobs_and_random_rows():
 def test_the_omni_v1_runner_prepares_vllms_sampler(monkeypatch):
     """The core's V1 runner hands the sampler vLLM's runner built to Backend.prepare_sampler (once, in
     __init__), so engines sample by the driver's rule, not only make_sampler()."""
-    import core.runner as runner
+    import core.runner.v1 as runner
     from core.kinds import AR
 
     seen = []
@@ -148,8 +148,7 @@ def test_the_omni_v1_runner_prepares_vllms_sampler(monkeypatch):
         def __init__(self, *a, **k):
             self.sampler = _plain_sampler()
 
-    monkeypatch.setattr(runner, "get_backend", lambda: FakeBackend())
     monkeypatch.setattr(runner, "OmniHooks", FakeHooks)
-    obj = type("R", (runner.OmniV1RunnerMixin, FakeBase), {"omni_kind": AR})()
+    obj = type("R", (runner.OmniV1RunnerMixin, FakeBase), {"omni_kind": AR, "omni_backend": FakeBackend()})()
     assert seen == [obj.sampler]
     assert isinstance(obj.sampler.topk_topp_sampler, vu._one_token_greedy_cls())

@@ -7,8 +7,8 @@ model kwargs extra, the model's output (``OmniOutput`` / ``make_omni_output``),
 ``postprocess`` merged into the state, multimodal outputs per request, and the
 omni runner output. It sees the batch only through :class:`~core.hooks.batch.BatchView`
 and the device only through the :class:`~omni_backends.backend.Backend`, so the
-same code serves vLLM's V1 runner (``core.runner``) and the V2 ``ModelState``
-(``core.model_state``). The model contract is :mod:`core.hooks.contract`.
+same code serves vLLM's V1 runner (``core.runner.v1``) and the V2 ``ModelState``
+(``core.runner.model_state``). Graph policy is :mod:`core.hooks.graphs`. The model contract is :mod:`core.hooks.contract`.
 
 RFC-005 protocol -> methods: ``on_new_requests`` (and ``on_finished_requests``),
 ``prepare_prefill_embeds`` (and :meth:`OmniHooks.preprocess`, which also runs the
@@ -27,10 +27,12 @@ import torch
 
 from core.hooks.batch import BatchView
 from core.hooks.contract import ModelContract, read_contract
+from core.hooks.graphs import graphs_enabled, no_full_graphs
 from core.hooks.talker_mtp import TalkerMTP, request_generator
 from core.kinds import AR, GENERATION, KINDS
 from core.outputs import OmniModelRunnerOutput, as_omni_output, flatten_multimodal
 from core.payloads import EXTRA_ARGS_KEY, PayloadStore, unpack
+from core.seams import CUDAGRAPH_MODE
 from omni_backends.backend import Backend
 
 log = logging.getLogger(__name__)
@@ -114,11 +116,9 @@ class OmniHooks:
                                      "width of its persistent input buffers); set model.mtp_hidden_size")
         head = c.talker_mtp
         caps = self.backend.capabilities()
-        graphs_on = vllm_config is not None and _graphs_enabled(vllm_config)
+        graphs_on = vllm_config is not None and graphs_enabled(vllm_config)
         if caps.talker_mtp_graph and c.talker_mtp_graph_safe and graphs_on:
-            from vllm.config import CUDAGraphMode
-
-            head = self.backend.wrap_graph(c.talker_mtp, vllm_config, CUDAGraphMode.FULL)
+            head = self.backend.wrap_graph(c.talker_mtp, vllm_config, CUDAGRAPH_MODE.resolve().FULL)
             self.mtp_mode = "graph"
         else:
             self.mtp_mode = "eager"
@@ -429,44 +429,6 @@ class OmniHooks:
         fields = {name: getattr(base, name) for name in _field_names(type(base))}
         mm = {r: v for r, v in step.items() if r in base.req_id_to_index}
         return OmniModelRunnerOutput(**fields, multimodal_outputs=mm)
-
-
-def _graphs_enabled(vllm_config: Any) -> bool:
-    """False when the engine runs without graphs (``enforce_eager`` or ``cudagraph_mode`` NONE): the talker MTP
-    then runs eager too, so ``--enforce-eager`` compares a wholly eager run."""
-    model_config = getattr(vllm_config, "model_config", None)
-    if getattr(model_config, "enforce_eager", False):
-        return False
-    mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
-    return mode is None or getattr(mode, "name", str(mode)) != "NONE"
-
-
-#: FULL CUDA-graph modes and what is left of each without its FULL part (vLLM's ``CUDAGraphMode`` names)
-_WITHOUT_FULL = {"FULL_AND_PIECEWISE": "PIECEWISE", "FULL": "NONE", "FULL_DECODE_ONLY": "NONE"}
-
-
-def no_full_graphs(vllm_config: Any, why: str) -> str | None:
-    """Lower ``vllm_config.compilation_config.cudagraph_mode`` to its non-FULL part
-    (``FULL_AND_PIECEWISE`` -> ``PIECEWISE``; ``FULL`` / ``FULL_DECODE_ONLY`` -> ``NONE``).
-
-    A model whose forward takes vLLM-Omni's per-request Python objects
-    (``core.model_io.takes_per_request_kwargs``: ``model_intermediate_buffer``,
-    token spans, ...) cannot run in a FULL graph: the capture freezes the dummy
-    batch's kwargs and every replay reuses them. PIECEWISE graphs leave the
-    model's own code eager and keep working. Called from ``bind_model`` (V1
-    ``load_model``, the V2 model state's ``__init__``), before vLLM resolves its
-    graph mode and captures, the same on every vLLM version of the window.
-    Returns the new mode's name, or None if unchanged.
-    """
-    cc = getattr(vllm_config, "compilation_config", None)
-    mode = getattr(cc, "cudagraph_mode", None)
-    name = getattr(mode, "name", None)
-    if name not in _WITHOUT_FULL:
-        return None
-    lowered = _WITHOUT_FULL[name]
-    cc.cudagraph_mode = type(mode)[lowered]
-    log.warning("cudagraph_mode %s -> %s: %s (a FULL graph would freeze them at capture)", name, lowered, why)
-    return lowered
 
 
 def _owned(host: torch.Tensor, source: torch.Tensor) -> torch.Tensor:

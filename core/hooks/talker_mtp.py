@@ -33,7 +33,8 @@ class TalkerMTP:
 
     def __init__(self, mtp: Callable[..., Any], max_num_reqs: int, hidden_size: int, dtype: torch.dtype,
                  device: Any, *, eager: Callable[..., Any] | None = None, sizes: list[int] | None = None,
-                 context: Callable[[int], ContextManager[Any]] | None = None) -> None:
+                 context: Callable[[int], ContextManager[Any]] | None = None,
+                 count_graphs: Callable[[Any], int | None] | None = None) -> None:
         self.mtp = mtp
         self.eager = eager or mtp
         self.max_num_reqs = max_num_reqs
@@ -42,6 +43,7 @@ class TalkerMTP:
         if self.sizes and self.sizes[-1] < max_num_reqs:
             raise ValueError(f"capture sizes {self.sizes} do not reach max_num_reqs={max_num_reqs}")
         self.context = context
+        self.count_graphs = count_graphs  # Backend.captured_graphs: graphs the wrapped head holds
         self.input_ids = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
         self.input_embeds = torch.zeros(max_num_reqs, hidden_size, dtype=dtype, device=device)
         self.last_talker_hidden = torch.zeros(max_num_reqs, hidden_size, dtype=dtype, device=device)
@@ -95,16 +97,13 @@ class TalkerMTP:
         return self.out_embeds[:n].clone(), self.out_codes[:n].clone()
 
     def graph_stats(self) -> dict[str, Any] | None:
-        """Graph mode: ``{"sizes", "captured", "replays"}`` -- ``captured`` counts the graphs the wrapped graph
-        wrapper holds (vLLM's ``CUDAGraphWrapper.concrete_cudagraph_entries`` with a graph) when it exposes them,
-        else the sizes run by :meth:`capture`; ``replays`` the calls since. ``None`` when eager."""
+        """Graph mode: ``{"sizes", "captured", "replays"}`` -- ``captured`` counts the graphs the wrapped head
+        holds (``Backend.captured_graphs``, e.g. vLLM's ``CUDAGraphWrapper`` entries with a graph) when the
+        driver tells, else the sizes run by :meth:`capture`; ``replays`` the calls since. ``None`` when eager."""
         if not self.sizes:
             return None
-        entries = getattr(self.mtp, "concrete_cudagraph_entries", None)
-        if isinstance(entries, dict):
-            captured = sum(1 for e in entries.values() if getattr(e, "cudagraph", None) is not None)
-        else:
-            captured = len(self.sizes) if self.captured else 0
+        held = self.count_graphs(self.mtp) if self.count_graphs is not None else None
+        captured = held if held is not None else (len(self.sizes) if self.captured else 0)
         return {"sizes": list(self.sizes), "captured": captured, "replays": self.replays}
 
     def capture(self) -> int:

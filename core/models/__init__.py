@@ -21,7 +21,7 @@ ARCHITECTURES = {
 
 def register() -> None:
     """Register the architectures in vLLM's ``ModelRegistry`` (idempotent)."""
-    from vllm import ModelRegistry
+    from vllm.model_executor.models.registry import ModelRegistry
 
     from core.models import qwen3_tts
 

@@ -26,26 +26,13 @@ import torch
 from torch import nn
 from vllm.model_executor.models.llama import LlamaForCausalLM
 
-from core.kinds import AR, GENERATION
 from core.outputs import OmniOutput
-
-
-def _model_state_cls(kind: str) -> type:
-    """vLLM's V2 runner builds this model's state from ``get_model_state_cls()``."""
-    from core.model_state import model_state_cls  # lazy: V1 never imports the V2 state
-
-    return model_state_cls(kind)
 
 
 class OmniDemoThinker(LlamaForCausalLM):
     """Decoder LM whose forward also returns the per-token hidden states."""
 
     have_multimodal_outputs = True
-
-    @staticmethod
-    def get_model_state_cls() -> type:
-        """The omni ``ModelState`` (AR kind) vLLM's V2 runner uses for this model."""
-        return _model_state_cls(AR)
 
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs: Any):
         hidden = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
@@ -104,11 +91,6 @@ class OmniDemoTalker(LlamaForCausalLM):
     Multimodal output ``codes.audio`` ``[num_tokens, K]``: a decode row's frame
     (the previous token + its MTP residuals), ``-1`` on prompt rows.
     """
-
-    @staticmethod
-    def get_model_state_cls() -> type:
-        """The omni ``ModelState`` (AR kind) vLLM's V2 runner uses for this model."""
-        return _model_state_cls(AR)
 
     have_multimodal_outputs = True
     has_preprocess = True
@@ -199,11 +181,6 @@ class OmniDemoCode2Wav(LlamaForCausalLM):
 
     Request state: ``codes`` int64 ``[T, K]`` (prompt = T placeholder tokens).
     """
-
-    @staticmethod
-    def get_model_state_cls() -> type:
-        """The omni ``ModelState`` (GENERATION kind) vLLM's V2 runner uses for this model."""
-        return _model_state_cls(GENERATION)
 
     have_multimodal_outputs = True
     has_preprocess = True

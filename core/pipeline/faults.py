@@ -6,13 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from core.pipeline.release import engine_core_processes
-from omni_backends.binding import VendorSymbol
+from core.seams import ENGINE_DEAD_ERROR, SYNC_MP_OUTPUTS_QUEUE
 
-# vLLM seams the fault handling relies on (multiprocess engine client, vLLM 0.26-0.33):
-#: raised by ``SyncMPClient.get_output`` for an error put on its output queue once the engine is dead
-ENGINE_DEAD_ERROR = VendorSymbol("vllm.v1.engine.exceptions", "EngineDeadError", kind="class")
-#: the queue ``SyncMPClient.get_output`` blocks on (``queue.Queue``, no timeout)
-SYNC_MP_OUTPUTS_QUEUE = VendorSymbol("vllm.v1.engine.core_client", "SyncMPClient.outputs_queue", kind="attribute")
+# vLLM seams (declared in core.seams): ENGINE_DEAD_ERROR, raised by ``SyncMPClient.get_output`` for an error put
+# on its output queue once the engine is dead; SYNC_MP_OUTPUTS_QUEUE, the queue it blocks on (no timeout)
 
 
 def engine_process_fate(llm: Any) -> str | None:

@@ -8,13 +8,10 @@ import sys
 import time
 from typing import Any
 
-from omni_backends.binding import VendorSymbol
+from core.seams import ENGINE_CORE_PROCESSES, ENGINE_CORE_SHUTDOWN
 
-# vLLM seams the release relies on (vLLM 0.26-0.33):
-#: the engine-core processes of a multiprocess client (``client.resources.engine_manager.processes``)
-ENGINE_CORE_PROCESSES = VendorSymbol("vllm.v1.engine.utils", "CoreEngineProcManager.processes", kind="attribute")
-#: ``LLM.llm_engine.engine_core.shutdown()``: in-process and multiprocess clients alike
-ENGINE_CORE_SHUTDOWN = VendorSymbol("vllm.v1.engine.core_client", "EngineCoreClient.shutdown", required=())
+# vLLM seams (declared in core.seams): ENGINE_CORE_PROCESSES, the engine-core processes of a multiprocess client
+# (``client.resources.engine_manager.processes``); ENGINE_CORE_SHUTDOWN, ``LLM.llm_engine.engine_core.shutdown()``
 
 
 def shutdown_engine(llm: Any) -> None:

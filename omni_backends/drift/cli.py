@@ -12,6 +12,7 @@ from typing import Any
 
 from omni_backends.binding import SeamContract
 from omni_backends.drift.declarations import driver_declarations, runner_bases
+from omni_backends.drift.model import Declared
 from omni_backends.drift.installed import InstalledResolver
 from omni_backends.drift.sources import SourceResolver, SourceTree
 from omni_backends.drift.seams import SeamFact, check_seams, check_worker_seams
@@ -112,6 +113,10 @@ def run_check(drivers: list[str] | None = None, sources: list[str] | None = None
             {"vllm"} | {d.symbol.module.split(".")[0] for cls in classes.values()
                         for m in ("model_runner_base", "worker_base") for d in runner_bases(cls, m)})
     seams = {n: check_driver_seams(cls, contracts, seam_resolver) if contracts else [] for n, cls in classes.items()}
+    # every vendor symbol a contract's code binds (the core's ``core.seams.SYMBOLS``), resolved like a driver's
+    # (read from source, as the seams are: instance attributes and unbound signatures read as written)
+    core_symbols = [check_declarations(c.name, [Declared(s.qualname, s, ()) for s in c.symbols], seam_resolver)
+                    for c in contracts if c.symbols]
     versions: dict[str, str | None] = {}
     if sources:
         for t in resolver.trees:
@@ -138,8 +143,10 @@ def run_check(drivers: list[str] | None = None, sources: list[str] | None = None
         "against": resolver.describe(),
         "versions": versions,
         "contracts": [c.name for c in contracts],
-        "drift": any(r.drift for r in reports) or any(f.drift for fs in seams.values() for f in fs),
+        "drift": any(r.drift for r in reports) or any(f.drift for fs in seams.values() for f in fs)
+                 or any(r.drift for r in core_symbols),
         "drivers": out_drivers,
+        "contract_symbols": [r.to_json() for r in core_symbols],
     }
 
 
@@ -159,6 +166,14 @@ def render_text(report: dict[str, Any]) -> str:
             if f.get("vendor_at"):
                 lines.append(f"      vendor: {f['vendor_at']}")
         lines += _render_seams(d.get("seams", []))
+    for d in report.get("contract_symbols", []):
+        unchecked = d["symbols"] - d["checked"]
+        status = "DRIFT" if d["drift"] else ("clean" if not unchecked else "no drift in the checked part")
+        lines.append(f"\n{d['driver']} (the vendor symbols its code binds): {status} -- {d['checked']}/{d['symbols']} "
+                     f"symbols checked, {d['drift']} drift" + (f"; {unchecked} NOT checked" if unchecked else ""))
+        for f in d["findings"]:
+            tag = f["kind"] if f["drift"] else f"note: {f['kind']}"
+            lines.append(f"  [{tag}] {f['target']}: {f['message']}  declared at {f['declared_at']}")
     for v in report.get("vendor_imports", []):
         broken = [f for f in v["findings"] if f["drift"]]
         lines.append(f"\nvendor {v['package']} ({v['source']}) imports vs {v['against']}: {len(broken)} broken "

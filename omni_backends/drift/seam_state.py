@@ -1,8 +1,10 @@
 """Seam facts about vLLM's V2 model state (``model-state``): the runner builds the model's state, and calls it.
 
-- ``init_model_state`` consults ``get_model_state_cls``
-  (``model-state-not-consulted``), and no vendor reassigns it at module
-  level (``model-state-replaced``);
+- the runner builds its state with ``init_model_state``; where the contract
+  relies on the model's hook, it consults ``get_model_state_cls``
+  (``model-state-not-consulted``) and no vendor reassigns it at module level
+  (``model-state-replaced``); where it does not (``state_hook=None``: the
+  core composes the omni state with whatever state was built), both are notes;
 - each state method the omni state overrides has the parameters it assumes
   and is called by the runner (``state-override-never-called``; a note where
   the core falls back to doing its work elsewhere);
@@ -44,6 +46,12 @@ class ModelStateCheck(RunnerSeamCheck):
                      f"the runner builds its model state with {v2.init_function}(), consulting {v2.state_hook}",
                      f"no method of {self.chain.leaf.qualname}'s chain calls {v2.init_function}", ours_init,
                      self.chain.leaf.at())
+        if v2.state_hook is None:  # the omni state is composed with whatever the runner built
+            for m, call in calls[:1]:
+                self.add("model-state", f"runner builds its state with {v2.init_function}", "clean", "ok",
+                         f"the runner builds its model state with {v2.init_function}() (the omni state is composed "
+                         "with it after load_model)", f"{m.label} calls {v2.init_function}", ours_init, m.at(call))
+            return
         for m, call in calls[:1]:
             fn = self._function(m.owner.idx, _dotted(call.func) or v2.init_function)
             if fn is None:
@@ -84,6 +92,12 @@ class ModelStateCheck(RunnerSeamCheck):
                         module = module[module.index(top + "."):] if (top + ".") in module else module
                         repl = self._function(self.resolver.index(module), _dotted(n.value) or "") \
                             if self.resolver.index(module) is not None else None
+                        if v2.state_hook is None:
+                            self.add("model-state", f"{target} replaced", "note", "state-replaced-composed",
+                                     "the omni state composes with the state the runner builds",
+                                     f"{top} replaces {target} with {ast.unparse(n.value)}: its state is the base the "
+                                     "omni hooks compose with", ours_init, f"{rel}:{n.lineno}")
+                            continue
                         hit = self._consults(*repl, v2.state_hook) if repl else None
                         if hit:
                             self.add("model-state", f"{target} replaced", "note", "replaced-consults",

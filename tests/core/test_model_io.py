@@ -350,7 +350,8 @@ def test_talker_mtp_graphs_are_captured_once_whichever_seam_vllm_reaches():
     import contextlib
 
     from core.hooks import TalkerMTP
-    from core.model_state import OmniModelStateMixin, OmniV2RunnerMixin
+    from core.runner.model_state import OmniModelStateMixin
+    from core.runner.v2 import OmniV2RunnerMixin
 
     calls = []
     backend = types.SimpleNamespace(graph_capture_context=lambda device: contextlib.nullcontext())
@@ -368,12 +369,12 @@ def test_talker_mtp_graphs_are_captured_once_whichever_seam_vllm_reaches():
         class V2Base:
             def capture_model(self, **kw):
                 if state_captures and not kw.get("profile_only"):
-                    from core.model_state import capture_talker_mtp
+                    from core.hooks.graphs import capture_talker_mtp
 
                     capture_talker_mtp(state.talker_mtp, state.backend, state.device)
                 return 3
 
-        runner = type("V2", (OmniV2RunnerMixin, V2Base), {})()
+        runner = type("V2", (OmniV2RunnerMixin, V2Base), {"omni_backend": backend})()
         runner.model_state, runner.device = state, torch.device("cpu")
         assert runner.capture_model() == 3
         assert calls == [4, 2, 1] and mtp.captured, state_captures  # once, largest first

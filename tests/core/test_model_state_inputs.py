@@ -1,4 +1,4 @@
-"""The omni V2 ``ModelState`` (core.model_state) on CPU tensors, without a V2 engine: how vLLM builds it, the
+"""The omni V2 ``ModelState`` (core.runner.model_state) on CPU tensors, without a V2 engine: how vLLM builds it, the
 payload lifecycle, and the model inputs it prepares (preprocess, the talker MTP before the forward, one persistent
 ``inputs_embeds``, the omni kwargs, the embeds seam under the name the installed vLLM calls). The fakes and the
 stand-ins for vLLM classes that do not construct on CPU: ``tests/core/v2_fakes.py``.
@@ -15,45 +15,68 @@ torch = pytest.importorskip("torch")
 from core.kinds import AR, GENERATION  # noqa: E402
 from tests.core.v2_fakes import (  # noqa: E402
     H, IDS, MAX_REQS, MAX_TOKENS, NUM_TOKENS, VOCAB, TinyTalker, add_all, greedy_inner, input_batch, make_state,
-    needs_vllm, payloads,
+    needs_vllm, omni_sampler, payloads,
 )
 
 
 # -------------------------------------------------------------- vLLM picks it
 @needs_vllm
-def test_vllm_builds_the_omni_state_from_get_model_state_cls_without_touching_its_globals(vllm_config):
+def test_the_runner_composes_the_omni_hooks_with_the_state_vllm_built_without_touching_its_globals(vllm_config):
     import vllm.v1.worker.gpu.model_runner as runner_mod
     import vllm.v1.worker.gpu.model_states as states_mod
     from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 
-    from core.model_state import OmniModelStateMixin, model_state_cls
+    from core.runner.model_state import OmniModelStateMixin, model_state_cls
     from core.models.demo import OmniDemoCode2Wav, OmniDemoTalker, OmniDemoThinker
 
     before = (runner_mod.init_model_state, states_mod.init_model_state, states_mod.resolve_model_state_cls)
     model = TinyTalker()
+    assert states_mod.resolve_model_state_cls(vllm_config, model) is DefaultModelState  # vLLM's own choice
     state = make_state(vllm_config, model)
     assert type(state) is model_state_cls(AR)
     assert isinstance(state, DefaultModelState) and isinstance(state, OmniModelStateMixin)
-    assert states_mod.resolve_model_state_cls(vllm_config, model) is model_state_cls(AR)
     assert (runner_mod.init_model_state, states_mod.init_model_state, states_mod.resolve_model_state_cls) == before
     assert state.omni_hooks.kind == AR and state.omni_hooks.model is model
-    # the demo models name their state (kind from the model: code2wav is the generation kind)
-    assert OmniDemoThinker.get_model_state_cls() is model_state_cls(AR)
-    assert OmniDemoTalker.get_model_state_cls() is model_state_cls(AR)
-    assert OmniDemoCode2Wav.get_model_state_cls() is model_state_cls(GENERATION)
+    # the demo models no longer choose a state: the runner composes (kind from the runner)
+    for cls in (OmniDemoThinker, OmniDemoTalker, OmniDemoCode2Wav):
+        assert not hasattr(cls, "get_model_state_cls")
     assert model_state_cls(GENERATION).omni_kind == GENERATION
     with pytest.raises(ValueError, match="runner kind must be one of"):
         model_state_cls("talker")
 
 
 @needs_vllm
-def test_speculative_decoding_is_refused_with_the_fix(vllm_config):
-    cfg = types.SimpleNamespace(**{f: getattr(vllm_config, f) for f in ("model_config", "scheduler_config")})
-    cfg.speculative_config = object()
-    from core.model_state import model_state_cls
+def test_a_model_that_declares_the_omni_state_itself_still_gets_it_bound_once(vllm_config):
+    from vllm.v1.worker.gpu.model_states import init_model_state
 
+    from core.runner.model_state import compose_model_state, model_state_cls
+    from omni_backends.registry import get_backend
+
+    model = TinyTalker()
+    model.get_model_state_cls = lambda: model_state_cls(AR)
+    state = init_model_state(vllm_config, model, None, torch.device("cpu"))
+    assert type(state) is model_state_cls(AR) and state.omni_hooks is None  # inert until the runner binds it
+    assert compose_model_state(state, get_backend(), AR) is state
+    assert type(state) is model_state_cls(AR) and state.omni_hooks.model is model
+
+
+@needs_vllm
+def test_speculative_decoding_is_refused_with_the_fix_and_the_state_is_left_as_vllm_built_it(vllm_config):
+    from vllm.v1.worker.gpu.model_states import init_model_state
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    from core.runner.model_state import compose_model_state
+    from omni_backends.registry import get_backend
+
+    state = init_model_state(vllm_config, TinyTalker(), None, torch.device("cpu"))
+    before = dict(vars(state))
+    state.vllm_config = types.SimpleNamespace(**{f: getattr(vllm_config, f) for f in ("model_config",
+                                                                                       "scheduler_config")})
+    state.vllm_config.speculative_config = object()
+    before["vllm_config"] = state.vllm_config
     with pytest.raises(ValueError, match="does not support speculative decoding.*VLLM_USE_V2_MODEL_RUNNER=0"):
-        model_state_cls(AR)(cfg, TinyTalker(), None, torch.device("cpu"))
+        compose_model_state(state, get_backend(), AR)
+    assert type(state) is DefaultModelState and vars(state) == before
 
 
 # -------------------------------------------------------- payload lifecycle
@@ -121,7 +144,7 @@ def test_a_dummy_batch_gets_inputs_but_runs_no_request_hooks(vllm_config):
     kw = state.prepare_inputs(dummy, rs)
     assert kw["inputs_embeds"].shape == (6, H) and state._pending is None
     model(**{"input_ids": None, "positions": None, **kw})
-    sampler, _ = state.custom_sampler(greedy_inner())
+    sampler, _ = omni_sampler(state, greedy_inner())
     sampler(torch.randn(2, VOCAB), dummy)
     assert state.omni_hooks._step_outputs == {} and state.omni_hooks.mtp_calls == {}
 
@@ -132,7 +155,7 @@ def test_the_embeds_overlay_is_bound_under_the_name_the_installed_vllm_calls(vll
     the omni overlay under whichever the installed ``DefaultModelState`` has (``MS_PREPARE_INPUTS_EMBEDS``)."""
     from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 
-    from core import model_state as ms
+    from core.runner import model_state as ms
 
     assert ms.model_state_cls(AR).prepare_inputs_embeds is ms.OmniModelStateMixin.omni_inputs_embeds
     calls = []
@@ -146,7 +169,7 @@ def test_the_embeds_overlay_is_bound_under_the_name_the_installed_vllm_calls(vll
     monkeypatch.delattr(DefaultModelState, "prepare_inputs_embeds")
     monkeypatch.delattr(ModelState, "prepare_inputs_embeds")
     monkeypatch.setattr(DefaultModelState, "get_mm_embeddings", old_spelling, raising=False)
-    ms.model_state_cls.cache_clear()
+    ms.omni_state_cls.cache_clear()
     try:
         cls = ms.model_state_cls(AR)
         assert cls.vllm_embeds_seam == "get_mm_embeddings" and "prepare_inputs_embeds" not in vars(cls)
@@ -162,7 +185,7 @@ def test_the_embeds_overlay_is_bound_under_the_name_the_installed_vllm_calls(vll
         assert calls == [{"enc": []}]  # vLLM's own embeds first ...
         torch.testing.assert_close(emb[1:9], pl["mid"]["thinker_hidden"][4:12] * 3.0)  # ... then the omni overlay
     finally:
-        ms.model_state_cls.cache_clear()
+        ms.omni_state_cls.cache_clear()
 
 
 @needs_vllm

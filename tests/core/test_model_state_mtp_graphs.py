@@ -7,6 +7,7 @@ Fakes: ``tests/core/v2_fakes.py``.
 
 from __future__ import annotations
 
+import functools
 import types
 
 import pytest
@@ -44,18 +45,13 @@ class RecordingGraphWrapper:
 
 @needs_vllm
 def test_static_mtp_pads_to_capture_sizes_on_fixed_addresses(vllm_config, cpu_selected):
-    from vllm.config import CUDAGraphMode
-    from vllm.forward_context import BatchDescriptor
-
     from core.hooks import TalkerMTP
+    from core.hooks.graphs import mtp_graph_context
     from omni_backends.backend import capture_sizes
 
     head = TinyTalker().talker_mtp
     wrapper = RecordingGraphWrapper(head)
-
-    def context(p):
-        return cpu_selected.forward_context(None, vllm_config, num_tokens=p, cudagraph_runtime_mode=CUDAGraphMode.FULL,
-                                            batch_descriptor=BatchDescriptor(num_tokens=p))
+    context = functools.partial(mtp_graph_context, cpu_selected, vllm_config)  # what the V1 and V2 runners pass
 
     sizes = capture_sizes(MAX_REQS)
     static = TalkerMTP(wrapper, MAX_REQS, H, torch.float32, torch.device("cpu"), eager=head, sizes=sizes,
@@ -88,11 +84,10 @@ def test_v2_runner_captures_the_talker_mtp_after_vllms_captures(vllm_config, cpu
     import contextlib
 
     import vllm.compilation.monitor as monitor
-    from vllm.config import CUDAGraphMode
-    from vllm.forward_context import BatchDescriptor
 
     from core.hooks import TalkerMTP
-    from core.model_state import OmniV2RunnerMixin
+    from core.hooks.graphs import mtp_graph_context
+    from core.runner.v2 import OmniV2RunnerMixin
     from omni_backends.backend import capture_sizes
 
     head = TinyTalker().talker_mtp
@@ -105,10 +100,7 @@ def test_v2_runner_captures_the_talker_mtp_after_vllms_captures(vllm_config, cpu
             seen.append(("context", monitor.cudagraph_capturing_enabled))
             yield
 
-    def context(p):
-        return cpu_selected.forward_context(None, vllm_config, num_tokens=p, cudagraph_runtime_mode=CUDAGraphMode.FULL,
-                                            batch_descriptor=BatchDescriptor(num_tokens=p))
-
+    context = functools.partial(mtp_graph_context, cpu_selected, vllm_config)
     sizes = capture_sizes(MAX_REQS)
     static = TalkerMTP(wrapper, MAX_REQS, H, torch.float32, torch.device("cpu"), eager=head, sizes=sizes,
                        context=context)
@@ -121,7 +113,7 @@ def test_v2_runner_captures_the_talker_mtp_after_vllms_captures(vllm_config, cpu
             seen.append("vllm")
             return 7
 
-    runner = type("R", (OmniV2RunnerMixin, Base), {})()
+    runner = type("R", (OmniV2RunnerMixin, Base), {"omni_backend": Backend()})()
     monitor.set_cudagraph_capturing_enabled(False)
     try:
         assert static.graph_stats() == {"sizes": sizes, "captured": 0, "replays": 0}

@@ -1,4 +1,4 @@
-"""The omni V2 ``ModelState`` (core.model_state) on CPU tensors: the forward hook, the sampler hook, postprocess
+"""The omni V2 ``ModelState`` (core.runner.model_state) on CPU tensors: the forward hook, the sampler hook, postprocess
 and the multimodal outputs of one step; a simulated FULL-graph replay (the persistent buffers written as a
 replayed graph writes them; no graph runs on CPU); the graph-mode opt-out of models with per-request kwargs.
 Fakes: ``tests/core/v2_fakes.py``.
@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from tests.core.v2_fakes import (  # noqa: E402
     H, IDS, MAX_REQS, MAX_TOKENS, NUM_TOKENS, TinyTalker, add_all, greedy_inner, input_batch, make_state, needs_vllm,
-    payloads,
+    omni_sampler, payloads,
 )
 
 
@@ -32,7 +32,7 @@ def test_one_step_postprocess_and_multimodal_outputs_through_the_sampler(vllm_co
     assert isinstance(out, torch.Tensor) and out.shape == (NUM_TOKENS, H)  # vLLM's V2 runner asserts a tensor
     raw = model.forward(**{"input_ids": None, "positions": None, **kw})  # the same forward, no hook
     torch.testing.assert_close(out, raw.text_hidden_states)
-    sampler, rejection = state.custom_sampler(greedy_inner())
+    sampler, rejection = omni_sampler(state, greedy_inner())
     assert rejection is None and sampler.compute_nans is False  # other attributes are vLLM's sampler's
     logits = model.compute_logits(out[b.logits_indices])
     so = sampler(logits, b)
@@ -65,7 +65,7 @@ def test_full_graph_replay_reads_the_persistent_outputs(vllm_config):
     replayed = model.forward(**{"input_ids": None, "positions": None, **kw})  # what the graph computes
     hidden_buf[:16].copy_(replayed.text_hidden_states.detach())  # ... into the captured buffers
     mm_buf[:16].copy_(replayed.multimodal_outputs["hidden"].detach())
-    sampler, _ = state.custom_sampler(greedy_inner())
+    sampler, _ = omni_sampler(state, greedy_inner())
     sampler(model.compute_logits(hidden_buf[:16][b.logits_indices]), b)
     step = state.omni_hooks._step_outputs
     torch.testing.assert_close(step["mid"]["hidden"], replayed.text_hidden_states[1:9].detach())

@@ -1,4 +1,4 @@
-"""The omni V2 runner seam (core.model_state ``OmniV2RunnerMixin``) and V1/V2 parity.
+"""The omni V2 runner seam (core.runner.model_state ``OmniV2RunnerMixin``) and V1/V2 parity.
 
 The parity test spies on :class:`core.hooks.OmniHooks` and runs one synthetic batch through the V1 seams
 (``OmniV1RunnerMixin`` over a small base playing vLLM's V1 runner) and the V2 state (a small base calling the
@@ -19,8 +19,10 @@ torch = pytest.importorskip("torch")
 from core.kinds import AR, GENERATION  # noqa: E402
 from tests.core.v2_fakes import (  # noqa: E402
     COMPUTED, H, IDS, MAX_REQS, MAX_TOKENS, NUM_TOKENS, PROMPT, TinyTalker, add_all, greedy_inner, input_batch,
-    make_state, needs_vllm, new_request, payloads,
+    StockLike, make_state, needs_vllm, new_request, omni_sampler, payloads,
 )
+from omni_backends.registry import get_backend  # noqa: E402
+
 
 
 # ------------------------------------------------ V1 and V2: the same hooks
@@ -113,7 +115,7 @@ def _v1_step(model, pl, b):
         def sample_tokens(self, grammar_output):
             return _runner_output(IDS)
 
-    runner = type("V1", (OmniV1RunnerMixin, V1Base), {})()
+    runner = type("V1", (OmniV1RunnerMixin, V1Base), {"omni_backend": get_backend()})()
     runner.vllm_config = None
     runner.load_model()
     runner._update_states(types.SimpleNamespace(finished_req_ids=set(), scheduled_new_reqs=new))
@@ -129,13 +131,17 @@ def _v1_step(model, pl, b):
 def _v2_step(vllm_config, model, pl, b):
     """One step through the V2 state, in the V2 runner's order, with the
     runner's one omni seam (``OmniV2RunnerMixin.sample_tokens``)."""
-    from core.model_state import OmniV2RunnerMixin
+    from vllm.v1.worker.gpu.model_states import init_model_state
 
-    state = make_state(vllm_config, model)
+    from core.runner.model_state import OmniSampler
+    from core.runner.v2 import OmniV2RunnerMixin
+
+    state = init_model_state(vllm_config, model, None, torch.device("cpu"))  # what vLLM's load_model builds
 
     class V2Base:
         def load_model(self):
             self.model_state = state
+            self.sampler = greedy_inner()
 
         def get_model(self):
             return model
@@ -147,14 +153,14 @@ def _v2_step(vllm_config, model, pl, b):
             self.hidden = model(**inputs)
 
         def sample_tokens(self, grammar_output):
-            sampler, _ = state.custom_sampler(greedy_inner())
-            sampler(model.compute_logits(self.hidden[b.logits_indices]), b)
+            self.sampler(model.compute_logits(self.hidden[b.logits_indices]), b)  # the runner's (now omni) sampler
             return _runner_output(IDS)
 
-    runner = type("V2", (OmniV2RunnerMixin, V2Base), {})()
+    runner = type("V2", (OmniV2RunnerMixin, V2Base), {"omni_backend": get_backend()})()
     assert runner.omni_hooks is None  # before load_model
     runner.load_model()
-    assert runner.omni_hooks is state.omni_hooks  # what the worker's omni_state RPC reads
+    assert runner.omni_hooks is state.omni_hooks is not None  # composed; what the worker's omni_state RPC reads
+    assert isinstance(runner.sampler, OmniSampler) and runner.sampler.state is state
     runner.execute_model()
     out = runner.sample_tokens(None)
     state.remove_request("mid")
@@ -190,7 +196,7 @@ def test_v2_runner_seam_converts_async_output_with_its_own_step(cpu_selected):
     from vllm.v1.outputs import AsyncModelRunnerOutput
 
     from core.hooks import OmniHooks
-    from core.model_state import OmniV2RunnerMixin
+    from core.runner.v2 import OmniV2RunnerMixin
     from core.outputs import OmniModelRunnerOutput
 
     hooks = OmniHooks(cpu_selected)
@@ -220,19 +226,60 @@ def test_v2_runner_seam_converts_async_output_with_its_own_step(cpu_selected):
 
 
 @needs_vllm
-def test_v2_runner_refuses_a_model_without_the_omni_state():
-    from core.model_state import OmniV2RunnerMixin
-    from omni_backends.errors import OmniBackendError
+def test_v2_runner_keeps_vllms_state_and_sampler_for_a_stock_model(vllm_config, cpu_selected):
+    """A stock vLLM class (no omni contract, vLLM's own forward) runs exactly as on stock V2: the state vLLM
+    built stays, unchanged, and so does the sampler; only the output seam has hooks (with no outputs)."""
+    from vllm.v1.worker.gpu.model_states import init_model_state
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    from core.runner.model_state import needs_omni_state
+    from core.runner.v2 import OmniV2RunnerMixin
+
+    model = StockLike()
+    assert not needs_omni_state(model, AR) and needs_omni_state(model, GENERATION)
+    assert needs_omni_state(TinyTalker(), AR)
+    state = init_model_state(vllm_config, model, None, torch.device("cpu"))
+    inner = greedy_inner()
 
     class Base:
         def load_model(self):
-            self.model_state = object()
+            self.model_state, self.sampler = state, inner
 
-        def get_model(self):
-            return TinyTalker()
+    runner = type("R", (OmniV2RunnerMixin, Base), {"omni_backend": cpu_selected})()
+    runner.load_model()
+    assert type(runner.model_state) is DefaultModelState and runner.sampler is inner
+    assert runner.omni_hooks is not None and runner.omni_hooks.take_step_outputs() == {}
 
-    with pytest.raises(OmniBackendError, match=r"vLLM built object: either TinyTalker has no `get_model_state_cls\(\)`.*VLLM_USE_V2_MODEL_RUNNER=0"):
-        type("R", (OmniV2RunnerMixin, Base), {})().load_model()
+
+@needs_vllm
+def test_v2_runner_refuses_a_state_it_cannot_compose_naming_both_classes_and_leaves_it_as_built(
+        vllm_config, cpu_selected):
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    from core.runner.model_state import ModelStateCompositionError
+    from core.runner.v2 import OmniV2RunnerMixin
+
+    class ClashingState(DefaultModelState):  # a platform / model state with its own, different on_sampled hook
+        def on_sampled(self, *a):
+            return "mine"
+
+    class NotAState:
+        model = TinyTalker()
+
+    for built, why in ((NotAState(), "not a subclass of vLLM's"), (None, "defines on_sampled")):
+        if built is None:
+            built = ClashingState(vllm_config, TinyTalker(), None, torch.device("cpu"))
+        before, cls = dict(vars(built)), type(built)
+
+        class Base:
+            def load_model(self, built=built):
+                self.model_state, self.sampler = built, greedy_inner()
+
+        runner = type("R", (OmniV2RunnerMixin, Base), {"omni_backend": cpu_selected})()
+        with pytest.raises(ModelStateCompositionError, match=rf"OmniModelStateMixin\) with the model state "
+                                                             rf".*{cls.__name__}: it .*{why}.*VLLM_USE_V2_MODEL_RUNNER=0"):
+            runner.load_model()
+        assert type(built) is cls and vars(built) == before and not hasattr(runner.sampler, "state")
 
 
 # ------------------------------------------------------- runner bases
@@ -251,13 +298,17 @@ def test_build_runner_class_v2_on_the_cpu_driver_is_a_clear_error(cpu_selected):
 def test_v2_runner_class_is_the_seam_over_the_drivers_v2_base():
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-    from core.model_state import OmniV2RunnerMixin, v2_runner_class
+    from core.runner.v2 import OmniV2RunnerMixin, v2_runner_class
 
-    cls = v2_runner_class(GPUModelRunner, GENERATION)
+    backend = object()
+    cls = v2_runner_class(GPUModelRunner, GENERATION, backend)
     assert cls.__mro__[1:3] == (OmniV2RunnerMixin, GPUModelRunner)
-    assert cls.__name__ == "OmniGenerationGPUModelRunner"
-    assert v2_runner_class(GPUModelRunner, GENERATION) is cls
+    assert cls.__name__ == "OmniGenerationGPUModelRunner" and cls.omni_backend is backend
+    assert cls.omni_kind == GENERATION
+    assert v2_runner_class(GPUModelRunner, GENERATION, backend) is cls
     overridden = {n for n in vars(OmniV2RunnerMixin) if not n.startswith("__")}
-    assert overridden == {"load_model", "sample_tokens", "capture_model", "omni_hooks"}  # no execute_model / _dummy_run copy
+    # no execute_model / _dummy_run copy
+    assert overridden == {"load_model", "sample_tokens", "capture_model", "omni_hooks", "omni_kind",
+                          "_omni_output_hooks"}
 
 

@@ -30,8 +30,12 @@ def _fake_runner(mode):
             entered.append(kw["num_tokens"])
             return contextlib.nullcontext()
 
-    hooks = types.SimpleNamespace(mtp_mode=mode, backend=Backend())
-    runner = types.SimpleNamespace(omni_hooks=hooks, max_num_reqs=12, dtype=torch.float32,
+        def captured_graphs(self, wrapped):
+            return None  # the wrapper does not tell: the stats count the sizes captured
+
+    backend = Backend()
+    hooks = types.SimpleNamespace(mtp_mode=mode, backend=backend)
+    runner = types.SimpleNamespace(omni_hooks=hooks, omni_backend=backend, max_num_reqs=12, dtype=torch.float32,
                                    device=torch.device("cpu"), vllm_config=object())
     return runner, entered
 

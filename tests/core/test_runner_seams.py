@@ -11,7 +11,8 @@ import os
 
 import pytest
 
-from core.runner import OmniV1RunnerMixin, V1_SYMBOLS
+from core.runner import OmniV1RunnerMixin
+from core.seams import V1_SYMBOLS
 from omni_backends.drift import Declared, SourceResolver, SourceTree, check_declarations
 
 

@@ -197,13 +197,33 @@ def greedy_inner():
     return Greedy()
 
 
-def make_state(vllm_config, model, kind=AR):
+class StockLike(torch.nn.Module):
+    """Stands for a stock vLLM model class: no omni contract, and a ``forward`` that is vLLM's own (its
+    ``__module__`` is the one ``core.runner.model_state.needs_omni_state`` reads)."""
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+        return torch.zeros(int(input_ids.shape[0]), H)
+
+    forward.__module__ = "vllm.model_executor.models.llama"
+
+
+def make_state(vllm_config, model, kind=AR, backend=None):
+    """What the omni V2 runner's ``load_model`` does: vLLM builds the model's state (its own
+    ``init_model_state``: ``DefaultModelState`` here), then the omni hooks are composed with it."""
     from vllm.v1.worker.gpu.model_states import init_model_state
 
-    from core.model_state import model_state_cls
+    from core.runner.model_state import compose_model_state
+    from omni_backends.registry import get_backend
 
-    model.get_model_state_cls = lambda: model_state_cls(kind)  # what an omni model class defines
-    return init_model_state(vllm_config, model, None, torch.device("cpu"))
+    state = init_model_state(vllm_config, model, None, torch.device("cpu"))
+    return compose_model_state(state, backend or get_backend(), kind)
+
+
+def omni_sampler(state, inner):
+    """The sampler the omni V2 runner installs after ``load_model`` (``OmniSampler`` over vLLM's)."""
+    from core.runner.model_state import OmniSampler
+
+    return OmniSampler(inner, state), None
 
 
 def add_all(state, pl):

@@ -1,7 +1,8 @@
 """The omni model runner for vLLM's V1 runners, built over the driver's base.
 
-:func:`build_runner_class` combines :class:`OmniV1RunnerMixin` with
-``backend.model_runner_base()`` at run time (``type(name, (mixin, base), {})``).
+:func:`v1_runner_class` combines :class:`OmniV1RunnerMixin` with
+``backend.model_runner_base(v2=False)`` at run time (``type(name, (mixin, base), {...})``),
+the driver's :class:`~omni_backends.backend.Backend` passed in as the class's ``omni_backend``.
 The mixin overrides only narrow seams of vLLM's ``GPUModelRunner`` (which the
 CPU, XPU and Ascend V1 runners subclass) and calls :class:`~core.hooks.OmniHooks`:
 
@@ -23,7 +24,8 @@ upstream seam               omni hook
 ==========================  ==============================================
 
 No body of ``execute_model``, ``_dummy_run`` or ``sample_tokens`` is copied.
-What these seams rely on in the base runner is declared in :mod:`core.seams`.
+What these seams rely on in the base runner is declared in :mod:`core.seams` (``V1_SYMBOLS``, ``V1``);
+graph policy (the talker MTP's graphs) is :mod:`core.hooks.graphs`.
 """
 
 from __future__ import annotations
@@ -34,53 +36,21 @@ from typing import Any
 import numpy as np
 
 from core.hooks import BatchView, OmniHooks
+from core.hooks.graphs import capture_talker_mtp, talker_mtp_buffers
 from core.kinds import AR, KINDS
 from core.model_io import ModelOutputAdapter, omni_runner_output
-from omni_backends.backend import Backend, capture_sizes
-from omni_backends.binding import VendorSymbol
-from omni_backends.errors import OmniBackendError
-from omni_backends.registry import get_backend
-
-# ------------------------------------------------------- vLLM V1 seams (declared once, for the drift check)
-# What the mixin overrides or reads on vLLM's V1 GPUModelRunner (the CPU / XPU / Ascend V1 runners subclass it),
-# the same in every vLLM of the cuda window (0.26 through 0.33; tests/core/test_runner_seams.py).
-_V1 = "vllm.v1.worker.gpu_model_runner"
-
-
-def _v1(attr: str, *params: str, kind: str = "callable") -> VendorSymbol:
-    import sys
-
-    frame = sys._getframe(1)
-    return VendorSymbol(_V1, f"GPUModelRunner.{attr}", params=params, required=params if params else None, kind=kind,
-                        defined_at=f"{frame.f_code.co_filename}:{frame.f_lineno}")
-
-
-V1_SYMBOLS: tuple[VendorSymbol, ...] = (
-    _v1("load_model"),  # called with vLLM's own arguments, passed through
-    _v1("capture_model"),
-    _v1("_update_states", "scheduler_output"),
-    _v1("_preprocess", "scheduler_output", "num_input_tokens", "intermediate_tensors"),  # returns a 6-tuple
-    _v1("_model_forward"),  # vLLM's arguments, passed through
-    _v1("sample_tokens", "grammar_output"),
-    *(_v1(name, kind="attribute") for name in (
-        "input_batch", "query_start_loc", "inputs_embeds", "input_ids", "max_num_reqs", "max_num_tokens",
-        "model_config", "vllm_config", "dtype", "device", "model", "requests", "sampler")),
-    *(VendorSymbol("vllm.v1.worker.gpu_input_batch", f"InputBatch.{name}", kind="attribute")
-      for name in ("req_ids", "num_reqs", "num_computed_tokens_cpu", "num_prompt_tokens", "sampling_metadata")),
-    *(VendorSymbol("vllm.v1.core.sched.output", f"SchedulerOutput.{name}", kind="attribute")
-      for name in ("finished_req_ids", "scheduled_new_reqs")),
-)
-"""Every vLLM V1 symbol this module relies on (for the drift check)."""
-
+from omni_backends.backend import Backend
 
 class OmniV1RunnerMixin:
     """Omni hooks on a V1 ``GPUModelRunner`` subclass (see module docstring)."""
 
     omni_kind: str = AR
+    #: the driver this runner class was built for (:func:`v1_runner_class`)
+    omni_backend: Backend
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.omni_hooks = OmniHooks(get_backend(), self.omni_kind)
+        self.omni_hooks = OmniHooks(self.omni_backend, self.omni_kind)
         # the driver's sampling rules on the sampler vLLM built (in place: its rejection sampler holds it too)
         self.sampler = self.omni_hooks.backend.prepare_sampler(self.sampler)
         self._omni_batch: BatchView | None = None
@@ -101,29 +71,17 @@ class OmniV1RunnerMixin:
         self.omni_hooks.bind_model(self.get_model(), self.vllm_config, mtp_runner=self._omni_mtp_runner)
 
     def _omni_mtp_runner(self, head: Any, eager: Any, hidden_size: int) -> Any:
-        """The talker MTP on persistent buffers ``[max_num_reqs, hidden_size]``;
-        graph mode: under its FULL forward context, one graph per capture size
-        (shared with V2, :class:`core.hooks.TalkerMTP`)."""
-        from core.hooks import TalkerMTP
-
-        graph = self.omni_hooks.mtp_mode == "graph"
-        context = None
-        if graph:
-            from core.model_state import mtp_graph_context
-
-            context = functools.partial(mtp_graph_context, self.omni_hooks.backend, self.vllm_config)
-        self._omni_talker_mtp = TalkerMTP(
-            head, self.max_num_reqs, hidden_size, self.dtype, self.device, eager=eager,
-            sizes=capture_sizes(self.max_num_reqs) if graph else None, context=context,
-        )
+        """The talker MTP on persistent buffers ``[max_num_reqs, hidden_size]``
+        (:func:`core.hooks.graphs.talker_mtp_buffers`, shared with V2)."""
+        build = talker_mtp_buffers(self.omni_backend, self.vllm_config, graph=self.omni_hooks.mtp_mode == "graph",
+                                   max_num_reqs=self.max_num_reqs, dtype=self.dtype, device=self.device)
+        self._omni_talker_mtp = build(head, eager, hidden_size)
         return self._omni_talker_mtp
 
     def capture_model(self) -> int:
-        """vLLM's captures, then the talker MTP's (``core.model_state.capture_talker_mtp``)."""
+        """vLLM's captures, then the talker MTP's (:func:`core.hooks.graphs.capture_talker_mtp`)."""
         n = super().capture_model()
-        from core.model_state import capture_talker_mtp
-
-        capture_talker_mtp(getattr(self, "_omni_talker_mtp", None), self.omni_hooks.backend, self.device)
+        capture_talker_mtp(getattr(self, "_omni_talker_mtp", None), self.omni_backend, self.device)
         return n
 
     def _update_states(self, scheduler_output: Any) -> Any:
@@ -183,26 +141,13 @@ class OmniV1RunnerMixin:
 
 
 @functools.lru_cache(maxsize=None)
-def _build(base: type, kind: str) -> type:
-    name = f"Omni{'AR' if kind == AR else 'Generation'}{base.__name__}"
-    return type(name, (OmniV1RunnerMixin, base), {"omni_kind": kind, "__module__": __name__})
-
-
-def build_runner_class(backend: Backend, kind: str = AR, *, v2: bool = False) -> type:
-    """The omni runner class for ``backend``: mixin + the driver's base runner.
-
-    Raises ``ValueError`` for an unknown ``kind`` and the driver's error when
-    it cannot run the requested runner version.
-    """
+def v1_runner_class(base: type, kind: str, backend: Backend) -> type:
+    """``OmniV1RunnerMixin`` over the driver's V1 runner ``base``, for ``backend``
+    (one class per ``(base, kind, backend)``). Raises ``ValueError`` for an unknown ``kind``."""
     if kind not in KINDS:
         raise ValueError(f"runner kind must be one of {KINDS}, got {kind!r}")
-    if v2:  # the hooks come through the model's ModelState (core.model_state); the runner adds one output seam
-        if not backend.capabilities().v2_runner:
-            raise OmniBackendError(
-                f"vLLM selected its V2 model runner (VLLM_USE_V2_MODEL_RUNNER / config) but driver {backend.name!r} "
-                "cannot run it (capabilities().v2_runner is False); set VLLM_USE_V2_MODEL_RUNNER=0"
-            )
-        from core.model_state import v2_runner_class
+    name = f"Omni{'AR' if kind == AR else 'Generation'}{base.__name__}"
+    return type(name, (OmniV1RunnerMixin, base), {"omni_kind": kind, "omni_backend": backend, "__module__": __name__})
 
-        return v2_runner_class(backend.model_runner_base(v2=True), kind)  # the driver's own error if it cannot
-    return _build(backend.model_runner_base(v2=False), kind)
+
+__all__ = ["OmniV1RunnerMixin", "v1_runner_class"]

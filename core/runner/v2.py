@@ -1,0 +1,98 @@
+"""The omni model runner for vLLM's V2 runners, built over the driver's base.
+
+:func:`v2_runner_class` combines :class:`OmniV2RunnerMixin` with
+``backend.model_runner_base(v2=True)`` (vLLM's ``GPUModelRunner`` in
+``vllm.v1.worker.gpu.model_runner``, or the XPU / CPU / Ascend runner built on
+it), the driver's :class:`~omni_backends.backend.Backend` passed in as the
+class's ``omni_backend``. The mixin overrides three runner methods:
+
+- ``load_model``: vLLM's (or the vendor's), which builds the model, its
+  ``ModelState`` and the sampler; then the omni state is composed with the state
+  that was built (:func:`core.runner.model_state.compose_model_state`) and the
+  sampler wrapped (:class:`~core.runner.model_state.OmniSampler`). A stock model
+  keeps vLLM's state and sampler (:func:`~core.runner.model_state.needs_omni_state`).
+- ``capture_model``: vLLM's captures, then the talker MTP's (:mod:`core.hooks.graphs`).
+- ``sample_tokens``: hands this step's multimodal outputs over as an
+  ``OmniModelRunnerOutput`` (``core.model_io.omni_runner_output``), the same
+  output seam as V1's.
+
+The vLLM symbols are declared in :mod:`core.seams` (``V2_SYMBOLS``, ``V2``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from core.hooks.graphs import capture_talker_mtp
+from core.kinds import AR, KINDS
+from core.runner.model_state import OmniModelStateMixin, OmniSampler, compose_model_state, needs_omni_state
+from omni_backends.backend import Backend
+
+
+class OmniV2RunnerMixin:
+    """The omni seams of a V2 runner (see the module docstring)."""
+
+    omni_kind: str = AR
+    #: the driver this runner class was built for (:func:`v2_runner_class`)
+    omni_backend: Backend
+    #: the hooks of a stock model (no omni state): only the output seam uses them
+    _omni_output_hooks: Any = None
+
+    @property
+    def omni_hooks(self) -> Any:
+        """The :class:`~core.hooks.OmniHooks` of this runner (``None`` before
+        ``load_model``): the model state's, or for a stock model the runner's own
+        (outputs only), where the V1 runner keeps its own (``omni_state`` RPC)."""
+        hooks = getattr(getattr(self, "model_state", None), "omni_hooks", None)
+        return hooks if hooks is not None else self._omni_output_hooks
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """vLLM's ``load_model``, then the omni state composed with the state it
+        built and the sampler wrapped. Raises
+        :class:`~core.runner.model_state.ModelStateCompositionError` (both classes
+        named) when the state cannot be composed."""
+        super().load_model(*args, **kwargs)  # type: ignore[misc]
+        state = self.model_state  # type: ignore[attr-defined]
+        model = state.model
+        if not isinstance(state, OmniModelStateMixin) and not needs_omni_state(model, self.omni_kind):
+            from core.hooks import OmniHooks
+
+            hooks = OmniHooks(self.omni_backend, self.omni_kind)
+            hooks.bind_model(model, None)  # no state, no buffers: the output seam reads the (empty) step outputs
+            self._omni_output_hooks = hooks
+            return
+        if getattr(state, "omni_hooks", None) is None:  # vLLM's / the platform's state, or a declared one unbound
+            compose_model_state(state, self.omni_backend, self.omni_kind)
+        sampler = getattr(self, "sampler", None)
+        if sampler is not None and not isinstance(sampler, OmniSampler):
+            self.sampler = OmniSampler(sampler, state)
+
+    def capture_model(self, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's captures, then the talker MTP's (:func:`core.hooks.graphs.capture_talker_mtp`);
+        nothing more for vLLM 0.33's memory-profiling pass (``profile_only=True``)."""
+        n = super().capture_model(*args, **kwargs)  # type: ignore[misc]
+        if kwargs.get("profile_only"):
+            return n
+        state = getattr(self, "model_state", None)
+        capture_talker_mtp(getattr(state, "talker_mtp", None), self.omni_backend, self.device)  # type: ignore[attr-defined]
+        return n
+
+    def sample_tokens(self, grammar_output: Any) -> Any:
+        from core.model_io import omni_runner_output
+
+        # V2 returns an async output at every step: a real AsyncModelRunnerOutput subclass wraps it
+        return omni_runner_output(super().sample_tokens(grammar_output), self.omni_hooks)  # type: ignore[misc]
+
+
+@functools.lru_cache(maxsize=None)
+def v2_runner_class(base: type, kind: str, backend: Backend) -> type:
+    """``OmniV2RunnerMixin`` over the driver's V2 runner ``base``, for ``backend``
+    (one class per ``(base, kind, backend)``). Raises ``ValueError`` for an unknown ``kind``."""
+    if kind not in KINDS:
+        raise ValueError(f"runner kind must be one of {KINDS}, got {kind!r}")
+    name = f"Omni{'AR' if kind == AR else 'Generation'}{base.__name__}"
+    return type(name, (OmniV2RunnerMixin, base), {"omni_kind": kind, "omni_backend": backend, "__module__": __name__})
+
+
+__all__ = ["OmniV2RunnerMixin", "v2_runner_class"]
