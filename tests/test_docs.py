@@ -1,0 +1,212 @@
+"""The docs are checked against the tree they describe.
+
+- ``docs/core-runner.md`` holds the one V1/V2 x hook table, between ``<!-- seam-table -->`` and
+  ``<!-- /seam-table -->``. Its "V1 seam" column names exactly the V1 seams :mod:`core.seams` declares
+  (``V1_SEAMS``, written ``GPUModelRunner.<name>``); its "V2 seam" column exactly the V2 model-state seams
+  (``V2_STATE_SEAMS``, written ``ModelState.<name>``, each declared alternative spelling too) and the V2 runner
+  seams (``V2_RUNNER_SEAMS``, written ``GPUModelRunner.<name>``). A seam declared but missing from the table, or
+  named in the table but not declared, fails.
+- Every repository path in backticks (or in a fenced block) in ``README.md`` and ``docs/*.md`` that starts with
+  ``core/``, ``omni_backends/``, ``tests/``, ``ci/``, ``.ci/``, ``docs/``, ``scripts/``, ``bench/`` exists (globs and
+  ``{a,b}`` alternatives expanded; ``file.py:Name`` and ``file.py::test`` name the file); so does the target of
+  every relative markdown link. A failure names the file and line.
+- ``docs/`` holds documents only (no logs).
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import re
+
+import pytest
+
+from core import seams
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+DOC_FILES = [os.path.join(ROOT, "README.md"), *DOCS]
+RUNNER_DOC = os.path.join(ROOT, "docs", "core-runner.md")
+PATH_PREFIXES = ("core/", "omni_backends/", "tests/", "ci/", ".ci/", "docs/", "scripts/", "bench/")
+
+CODE_SPAN = re.compile(r"`([^`\n]+)`")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+SEAM_REF = re.compile(r"^(GPUModelRunner|ModelState)\.([A-Za-z_]\w*)$")
+
+
+# ------------------------------------------------------------------ helpers (self-tested below)
+def doc_lines(text: str) -> list[tuple[int, str, bool]]:
+    """``(line number, line, in a fenced block)`` for each line of a markdown text."""
+    out, fenced = [], False
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        out.append((n, line, fenced))
+    return out
+
+
+def path_tokens(text: str) -> list[tuple[int, str]]:
+    """``(line, token)`` for every token that looks like a repository path: in a code span, or anywhere in a
+    fenced block, starting with one of :data:`PATH_PREFIXES`."""
+    found = []
+    for n, line, fenced in doc_lines(text):
+        chunks = [line] if fenced else CODE_SPAN.findall(line)
+        for chunk in chunks:
+            for token in chunk.split():
+                token = token.lstrip("\"'([").rstrip("\"'(),;.:[]")
+                if token.startswith(PATH_PREFIXES):
+                    found.append((n, token))
+    return found
+
+
+def _expand_braces(pattern: str) -> list[str]:
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if m is None:
+        return [pattern]
+    return list(itertools.chain.from_iterable(
+        _expand_braces(pattern[: m.start()] + alt + pattern[m.end():]) for alt in m.group(1).split(",")))
+
+
+def path_exists(token: str, root: str = ROOT) -> bool:
+    """Whether the repository path ``token`` exists under ``root`` (``a.py:Name``, ``a.py::test``, ``a.py:12``
+    name ``a.py``; ``*`` globs and ``{a,b}`` alternatives must each match)."""
+    path = re.sub(r"<[^<>/]*>", "*", token.split("::", 1)[0])  # a placeholder (`<driver>`) matches any name
+    path = re.sub(r":[^/]*$", "", path)  # file.py:Qualname / file.py:12
+    for alt in _expand_braces(path):
+        full = os.path.join(root, alt)
+        if not (glob.glob(full) if any(c in alt for c in "*?[") else os.path.exists(full)):
+            return False
+    return True
+
+
+def link_targets(text: str) -> list[tuple[int, str]]:
+    """``(line, target)`` of every relative markdown link outside fenced blocks (anchor dropped)."""
+    found = []
+    for n, line, fenced in doc_lines(text):
+        if fenced:
+            continue
+        for target in LINK.findall(line):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+                continue
+            found.append((n, target.split("#", 1)[0]))
+    return found
+
+
+def seam_table(text: str) -> tuple[list[str], list[list[str]]]:
+    """The header and body rows (cells) of the markdown table between the seam-table markers."""
+    m = re.search(r"<!-- seam-table -->(.*?)<!-- /seam-table -->", text, re.S)
+    if m is None:
+        raise AssertionError("no <!-- seam-table --> ... <!-- /seam-table --> block")
+    rows = [line.strip() for line in m.group(1).splitlines() if line.strip().startswith("|")]
+    if len(rows) < 3:
+        raise AssertionError("the seam table has no body rows")
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    header, body = cells[0], [r for r in cells[2:]]
+    for i, row in enumerate(body):
+        if len(row) != len(header):
+            raise AssertionError(f"seam table row {i + 1} has {len(row)} cells, the header {len(header)}: {row}")
+    return header, body
+
+
+def seam_refs(header: list[str], body: list[list[str]], column: str) -> dict[str, set[str]]:
+    """``{"GPUModelRunner": {...}, "ModelState": {...}}``: the seams a column of the table names."""
+    matches = [i for i, h in enumerate(header) if h.lower().startswith(column.lower())]
+    if len(matches) != 1:
+        raise AssertionError(f"the seam table needs one column headed {column!r}, has {header}")
+    refs: dict[str, set[str]] = {"GPUModelRunner": set(), "ModelState": set()}
+    for row in body:
+        for span in CODE_SPAN.findall(row[matches[0]]):
+            m = SEAM_REF.match(span.strip())
+            if m:
+                refs[m.group(1)].add(m.group(2))
+    return refs
+
+
+# ------------------------------------------------------------------ the seam table
+def _runner_doc() -> str:
+    with open(RUNNER_DOC, encoding="utf-8") as f:
+        return f.read()
+
+
+def test_v1_column_names_exactly_the_declared_v1_seams():
+    header, body = seam_table(_runner_doc())
+    refs = seam_refs(header, body, "V1 seam")
+    declared = {s.name for s in seams.V1_SEAMS}
+    assert refs["ModelState"] == set(), f"V1 has no ModelState seams, the V1 column names {refs['ModelState']}"
+    assert refs["GPUModelRunner"] == declared, (
+        f"V1 seams declared in core.seams but not in the table: {sorted(declared - refs['GPUModelRunner'])}; "
+        f"in the table but not declared: {sorted(refs['GPUModelRunner'] - declared)}")
+
+
+def test_v2_column_names_exactly_the_declared_v2_state_and_runner_seams():
+    header, body = seam_table(_runner_doc())
+    refs = seam_refs(header, body, "V2 seam")
+    state = {s.name for s in seams.V2_STATE_SEAMS} | {a for s in seams.V2_STATE_SEAMS for a in s.alternatives}
+    runner = {s.name for s in seams.V2_RUNNER_SEAMS}
+    assert refs["ModelState"] == state, (
+        f"V2 state seams declared but not in the table: {sorted(state - refs['ModelState'])}; "
+        f"in the table but not declared: {sorted(refs['ModelState'] - state)}")
+    assert refs["GPUModelRunner"] == runner, (
+        f"V2 runner seams declared but not in the table: {sorted(runner - refs['GPUModelRunner'])}; "
+        f"in the table but not declared: {sorted(refs['GPUModelRunner'] - runner)}")
+
+
+# ------------------------------------------------------------------ paths
+@pytest.mark.parametrize("doc", DOC_FILES, ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_repository_path_a_doc_names_exists(doc):
+    with open(doc, encoding="utf-8") as f:
+        text = f.read()
+    rel = os.path.relpath(doc, ROOT)
+    missing = [f"{rel}:{n}: {token}" for n, token in path_tokens(text) if not path_exists(token)]
+    base = os.path.dirname(doc)
+    missing += [f"{rel}:{n}: link {target}" for n, target in link_targets(text)
+                if not os.path.exists(os.path.normpath(os.path.join(base, target)))]
+    if missing:
+        pytest.fail("paths named in the docs that do not exist:\n  " + "\n  ".join(missing), pytrace=False)
+
+
+def test_docs_hold_documents_only():
+    others = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*"))
+                    if not p.endswith(".md"))
+    assert not others, f"docs/ holds documents only (logs go to ci/logs/): {others}"
+
+
+# ------------------------------------------------------------------ the checkers themselves
+def test_path_tokens_finds_spans_and_fenced_lines_and_strips_qualifiers(tmp_path):
+    text = ("see `core/runner/v1.py:OmniV1RunnerMixin.load_model`, and `pytest tests/core -q`.\n"
+            "not a path: core/nothing.py outside backticks; `vllm/v1/worker.py` is vLLM's; `.ci/run`, (`ci/gpu/run.sh`):\n"
+            "```\ncore/gone.py  a fenced line\n```\n")
+    assert path_tokens(text) == [(1, "core/runner/v1.py:OmniV1RunnerMixin.load_model"), (1, "tests/core"),
+                                 (2, ".ci/run"), (2, "ci/gpu/run.sh"), (4, "core/gone.py")]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.py").write_text("")
+    (tmp_path / "a" / "y.py").write_text("")
+    assert path_exists("a/x.py:Cls.meth", str(tmp_path))
+    assert path_exists("a/x.py::test_one", str(tmp_path))
+    assert path_exists("a/{x,y}.py", str(tmp_path))
+    assert not path_exists("a/{x,z}.py", str(tmp_path))
+    assert path_exists("a/*.py", str(tmp_path))
+    assert path_exists("a/<name>.py", str(tmp_path))
+    assert not path_exists("a/test_*.py", str(tmp_path))
+    assert not path_exists("a/gone.py", str(tmp_path))
+
+
+def test_link_targets_skip_urls_and_anchors():
+    text = "[a](v2.md#x) [b](https://example.org) [c](#here) [d](../ci/logs/x.md)\n"
+    assert link_targets(text) == [(1, "v2.md"), (1, "../ci/logs/x.md")]
+
+
+def test_seam_refs_reads_one_column_and_rejects_a_ragged_table():
+    text = ("<!-- seam-table -->\n| hook | V1 seam | V2 seam |\n|---|---|---|\n"
+            "| `on_new_requests` | `GPUModelRunner._update_states` | `ModelState.add_request` (`x.y`) |\n"
+            "| `bind_model` | `GPUModelRunner.load_model` | `GPUModelRunner.load_model` |\n<!-- /seam-table -->\n")
+    header, body = seam_table(text)
+    assert seam_refs(header, body, "V1 seam") == {"GPUModelRunner": {"_update_states", "load_model"},
+                                                   "ModelState": set()}
+    assert seam_refs(header, body, "V2 seam") == {"GPUModelRunner": {"load_model"}, "ModelState": {"add_request"}}
+    with pytest.raises(AssertionError, match="cells"):
+        seam_table(text.replace("| `bind_model` |", "| `bind_model` | extra |"))
+    with pytest.raises(AssertionError, match="no <!-- seam-table -->"):
+        seam_table("| a |\n")
