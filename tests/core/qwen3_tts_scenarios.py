@@ -24,8 +24,22 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-ENGINE_KW = dict(dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=4, seed=0,
-                 enable_prefix_caching=False)
+#: the test device and variant (set by tests/core/test_qwen3_tts.py: OMNI_TEST_DEVICE, and the variant's
+#: VLLM_USE_V2_MODEL_RUNNER / OMNI_TEST_GRAPHS of tests/core/conftest.py VARIANTS)
+DEVICE = os.environ.get("OMNI_TEST_DEVICE", "cpu")
+GRAPHS = os.environ.get("OMNI_TEST_GRAPHS", "eager")
+ENGINE_KW = dict(dtype="float32", max_model_len=256, max_num_seqs=4, seed=0, enable_prefix_caching=False,
+                 **({"enforce_eager": True} if GRAPHS == "eager" else {}))
+
+
+def omni_engine(model_dir: str, **kw):
+    """``make_engine`` on the test device, sized for the model (``omni_backends.engine_memory``)."""
+    from core.stage import make_engine, prepare_device
+    from omni_backends.engine_memory import engine_memory_kw
+
+    mem = engine_memory_kw(prepare_device(DEVICE).backend, model_dir, max_model_len=256, max_num_seqs=4,
+                           dtype="float32")
+    return make_engine(model_dir, device=DEVICE, **{**ENGINE_KW, **mem, **kw})
 CODE2WAV = {"architectures": ["Qwen3TTSCode2Wav"]}
 FRAMES = [5, 9, 7]  # code2wav requests
 # talker requests: (text, speaker, language, non_streaming_mode, frames, MTP seed)
@@ -41,10 +55,7 @@ def runner_of(llm):
 
 
 def code2wav_engine(model_dir: str):
-    from core.stage import make_engine
-
-    return make_engine(model_dir, kind="generation", device="cpu", hf_overrides=CODE2WAV, skip_tokenizer_init=True,
-                       **ENGINE_KW)
+    return omni_engine(model_dir, kind="generation", hf_overrides=CODE2WAV, skip_tokenizer_init=True)
 
 
 def synthesize(llm, frames: list) -> list:
@@ -57,14 +68,16 @@ def synthesize(llm, frames: list) -> list:
 
 
 def direct_waveforms(model, frames: list) -> list:
-    """The model's forward called directly, one request at a time."""
-    import torch
+    """The model's forward called directly, one request at a time, on the model's device (TF32 off,
+    ``tests/core/precision.reference_settings``); waveforms returned on the CPU."""
+    from tests.core.precision import reference_settings
 
     res = []
-    with torch.no_grad():
+    device = next(model.parameters()).device
+    with reference_settings(device.type):
         for f in frames:
-            out = model.forward(input_ids=f.t().reshape(-1).clone())
-            res.append(out.multimodal_outputs["model_outputs"][0])
+            out = model.forward(input_ids=f.t().reshape(-1).clone().to(device))
+            res.append(out.multimodal_outputs["model_outputs"][0].cpu())
     return res
 
 
@@ -133,19 +146,21 @@ def hf_backbone(model_dir: str):
 
 
 def reference_talker(model, backbone, req: dict, req_id: str) -> dict:
-    """The plain-PyTorch loop of one request: codes ``[frames, Q]`` and tokens."""
+    """The plain-PyTorch loop of one request on the model's device (TF32 off): codes ``[frames, Q]`` and tokens."""
     import torch
 
     from core.payloads import PayloadStore
+    from tests.core.precision import reference_settings
 
     store = PayloadStore(model.gpu_resident_buffer_keys, lambda t: t)
     store.put(req_id, req["info"])
-    gen = torch.Generator().manual_seed(req["seed"])
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(req["seed"])  # as the engine's per-request MTP generator
     prompt_len, max_tokens = req["prompt_len"], req["frames"] + 1
     rows, tokens, frames, computed = [], [], [], 0
-    with torch.no_grad():
+    with reference_settings(device.type):
         while len(tokens) < max_tokens:
-            ids = torch.zeros(prompt_len, dtype=torch.long) if computed == 0 else torch.tensor([tokens[-1]])
+            ids = (torch.zeros(prompt_len, dtype=torch.long) if computed == 0 else torch.tensor([tokens[-1]])).to(device)
             n = int(ids.shape[0])
             info = store.put(req_id, None)
             info.update(request_id=req_id, _omni_prompt_len=prompt_len, _omni_num_computed_tokens=computed,
@@ -165,13 +180,13 @@ def reference_talker(model, backbone, req: dict, req_id: str) -> dict:
                 frames.append(codes[0])
             rows.append(emb)
             x = torch.cat(rows)[None]
-            h = backbone(inputs_embeds=x, position_ids=torch.arange(x.shape[1])[None]).last_hidden_state[0, -n:]
+            h = backbone(inputs_embeds=x, position_ids=torch.arange(x.shape[1], device=device)[None]).last_hidden_state[0, -n:]
             info = store.get(req_id)
             store.put(req_id, model.postprocess(h, multimodal_outputs=None,
                                                 **{k: v for k, v in info.items() if k != "hidden_states"}))
             tokens.append(int(model.compute_logits(h[-1:]).argmax(-1)))
             computed += n
-    return {"codes": torch.stack(frames) if frames else torch.zeros(0), "tokens": tokens}
+    return {"codes": torch.stack(frames).cpu() if frames else torch.zeros(0), "tokens": tokens}
 
 
 def talker(model_dir: str) -> dict:
@@ -180,10 +195,9 @@ def talker(model_dir: str) -> dict:
 
     from core.hooks import MTP_SEED_KEY
     from core.payloads import EXTRA_ARGS_KEY, pack
-    from core.stage import make_engine
 
     reqs = talker_requests(model_dir)
-    llm = make_engine(model_dir, device="cpu", skip_tokenizer_init=True, **ENGINE_KW)
+    llm = omni_engine(model_dir, skip_tokenizer_init=True)
     runner = runner_of(llm)
     hooks = runner.omni_hooks
     calls = {"rows": 0, "calls": 0, "per_request": {}}
@@ -215,12 +229,15 @@ def talker(model_dir: str) -> dict:
                        "mtp_calls": next((v for k, v in calls["per_request"].items()
                                           if k == o.request_id or k.startswith(f"{o.request_id}-")), None)})
     model = runner.get_model()
-    backbone = hf_backbone(model_dir)
+    backbone = hf_backbone(model_dir).to(next(model.parameters()).device)
     reference = [reference_talker(model, backbone, r, f"ref-{i}") for i, r in enumerate(reqs)]
     c2w = code2wav_engine(model_dir)
     waves = synthesize(c2w, [e["codes"] for e in engine])
     return {"requests": reqs, "engine": engine, "reference": reference, "mtp": calls,
             "model_class": [type(model).__module__, type(model).__qualname__], "mtp_mode": hooks.mtp_mode,
+            "runner_mro": [c.__name__ for c in type(runner).__mro__],
+            "model_state_mro": [c.__name__ for c in type(runner.model_state).__mro__]
+            if getattr(runner, "model_state", None) is not None else None,
             "waveforms": [w["model_outputs"] for w in waves], "sample_rates": [w["sr"] for w in waves],
             "direct": direct_waveforms(runner_of(c2w).get_model(), [e["codes"] for e in engine])}
 

