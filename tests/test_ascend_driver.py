@@ -2,7 +2,7 @@
 
 No NPU, CANN or vllm-ascend exists here. Vendor calls go to recording
 stand-ins with the real vendor signatures (``simulated.vendor_signatures``,
-checked against the vllm-ascend 0.23.0.post1 source by
+checked against the vllm-ascend 0.23.0.post1 and 0.26.0rc1 sources by
 ``test_drift_vendor_sources.py``); copies run on the simulated device whose
 copy engine completes late and out of order (``simulated.device``).
 """
@@ -147,7 +147,85 @@ def test_sampler_and_bases_resolve_vendor_classes(npu, monkeypatch):
     vs.install_module(monkeypatch, "vllm_ascend.worker.model_runner_v1", NPUModelRunner=v1)
     vs.install_module(monkeypatch, "vllm_ascend.worker.v2.model_runner", NPUModelRunner=v2)
     vs.install_module(monkeypatch, "vllm_ascend.worker.worker", NPUWorker=worker)
+    _install_model_state_patch(monkeypatch)
     assert (npu.model_runner_base(), npu.model_runner_base(v2=True), npu.worker_base()) == (v1, v2, worker)
+
+
+def _install_model_state_patch(monkeypatch, applied: bool = True):
+    """vllm-ascend's V2 state modules as stand-ins; ``applied``: its patch rebinds vLLM's runner
+    ``init_model_state`` to ``init_asecnd_model_state`` (what ``NPUWorker.__init__``'s ``adapt_patch()`` does)."""
+    import vllm.v1.worker.gpu.model_runner as runner_mod
+
+    def init_asecnd_model_state(vllm_config, model, encoder_cache, device):
+        return ("AscendModelState", model)
+
+    vs.install_module(monkeypatch, "vllm_ascend.worker.v2.model_states", init_asecnd_model_state=init_asecnd_model_state)
+    if applied:
+        monkeypatch.setattr(runner_mod, "init_model_state", init_asecnd_model_state)
+    return init_asecnd_model_state
+
+
+def test_v2_base_is_refused_when_vllm_ascends_model_state_patch_is_not_applied(npu, monkeypatch):
+    """Without vllm-ascend's patch, vLLM's V2 runner would build its DefaultModelState (whose prepare_attn is
+    not the NPU one) and the omni hooks would compose with that: refused, naming the patch and the fix."""
+    v2 = type("V2", (), {})
+    vs.install_module(monkeypatch, "vllm_ascend.worker.v2.model_runner", NPUModelRunner=v2)
+    _install_model_state_patch(monkeypatch, applied=False)
+    with pytest.raises(OmniBackendError, match=r"vllm.v1.worker.gpu.model_states.init_model_state, not vllm-ascend's "
+                                               r"vllm_ascend.worker.v2.model_states.init_asecnd_model_state.*"
+                                               r"patch_v2.patch_model_state is not applied.*AscendModelState.*"
+                                               r"prepare_attn.*adapt_patch.*VLLM_USE_V2_MODEL_RUNNER=0"):
+        npu.model_runner_base(v2=True)
+    _install_model_state_patch(monkeypatch)
+    assert npu.model_runner_base(v2=True) is v2
+
+
+# ------------------------------------------------------------ V2 runner gate
+ASCEND_0_23 = {"vllm-ascend": "0.23.0.post1", "torch-npu": "2.10.0.post4", "torch": "2.10.0", "vllm": "0.23.0"}
+ASCEND_0_26 = {"vllm-ascend": "0.26.0rc1", "torch-npu": "2.10.0.post4", "torch": "2.10.0", "vllm": "0.26.0"}
+
+
+@pytest.mark.parametrize("versions, v2", [
+    (ASCEND_0_23, False),  # vLLM 0.23's V2 runner never calls ModelState.remove_request
+    (ASCEND_0_26, True),  # vLLM 0.26's calls every state seam on AscendModelState (test_drift_vendor_sources.py)
+    ({**ASCEND_0_26, "vllm": "0.23.0"}, False),  # not a verified pair
+    ({**ASCEND_0_23, "vllm-ascend": "0.25.1rc1", "vllm": "0.25.1"}, False),  # inside the window, not verified
+], ids=["0.23", "0.26", "0.26-on-vllm-0.23", "0.25"])
+def test_v2_runner_only_on_a_verified_stack_whose_runner_calls_every_state_seam(tmp_path, monkeypatch, versions, v2):
+    fake_dists(tmp_path, monkeypatch, versions)
+    assert AscendBackend(load_vendor=False).capabilities().v2_runner is v2
+    note = ascend.v2_runner_note(versions)
+    assert note.startswith(f"V2 runner: {'yes' if v2 else 'no'} (")
+    if versions == ASCEND_0_23:
+        assert "has no remove_request" in note and "state-override-never-called" in note
+
+
+def test_v2_runner_is_off_where_vllm_ascend_is_not_installed(npu):
+    assert npu.capabilities().v2_runner is False  # this box: no vllm-ascend
+    assert ascend.stack_of({}) is None
+
+
+def test_probe_refuses_a_pair_that_is_not_a_verified_stack_with_the_fix(tmp_path, monkeypatch):
+    fake_dists(tmp_path, monkeypatch, {**ASCEND_0_26, "vllm": "0.23.0"})
+    probe = AscendBackend.probe()
+    assert probe.state is ProbeState.INSTALLED and not probe.usable
+    assert "vllm-ascend 0.26.0rc1 with vllm 0.23.0 is not a verified stack" in probe.reason
+    assert "vllm 0.23.0 is installed but vllm>=0.26,<0.27 is required" in probe.reason
+    assert probe.fix == "pip install 'vllm>=0.26,<0.27'"
+
+
+@pytest.mark.parametrize("versions, says", [(ASCEND_0_23, "V2 runner: no (vLLM 0.23's V2 ModelState has no "
+                                                          "remove_request"),
+                                            (ASCEND_0_26, "V2 runner: yes (vLLM 0.26's V2 runner calls add_request")])
+def test_usable_probe_says_whether_the_v2_runner_runs_and_why(tmp_path, monkeypatch, versions, says):
+    fake_dists(tmp_path, monkeypatch, versions)
+    monkeypatch.setattr(ascend, "device_nodes", lambda pattern: ["/dev/davinci0"])
+    monkeypatch.setattr(ascend, "find_shared_library", lambda name, dirs=(): "/usr/local/Ascend/lib64/libhccl.so")
+    npu_mod = types.SimpleNamespace(device_count=lambda: 1)
+    monkeypatch.setattr(ascend, "TORCH_NPU", types.SimpleNamespace(resolve=lambda: types.SimpleNamespace(npu=npu_mod)))
+    probe = AscendBackend.probe()
+    assert probe.usable, probe.reason
+    assert f"vllm-ascend {versions['vllm-ascend']} on vllm {versions['vllm']}; {says}" in probe.reason
 
 
 # -------------------------------------------------------------------- buffers
@@ -216,8 +294,8 @@ def test_version_gate_reports_installed_required_and_what_to_install(tmp_path, m
     probe = AscendBackend.probe()
     assert not probe.usable
     assert probe.versions["vllm-ascend"] == "0.22.0"
-    assert "vllm-ascend 0.22.0 is installed but vllm-ascend>=0.23,<0.24 is required" in probe.reason
-    assert probe.fix == "pip install 'vllm-ascend>=0.23,<0.24'"
+    assert "vllm-ascend 0.22.0 is installed but vllm-ascend>=0.23,<0.27 is required" in probe.reason
+    assert probe.fix == "pip install 'vllm-ascend>=0.23,<0.27'"
 
 
 def test_version_gate_passes_then_cann_is_what_is_missing(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""Ascend NPU driver on vllm-ascend 0.23.0.post1 (``npu``, alias ``ascend``).
+"""Ascend NPU driver on vllm-ascend 0.23.0.post1 (vLLM 0.23) and 0.26.0rc1 (vLLM 0.26) (``npu``, alias ``ascend``).
 
 What differs on Ascend, each delegated to the vendor symbol declared below:
 
@@ -16,6 +16,15 @@ What differs on Ascend, each delegated to the vendor symbol declared below:
   rewritten when it returns;
 - attention metadata: ``AscendCommonAttentionMetadata``;
 - bases: vllm-ascend's V1 / V2 ``NPUModelRunner`` and ``NPUWorker``;
+- V2 model state: vllm-ascend's own ``AscendModelState(DefaultModelState)``
+  (its ``prepare_attn`` builds the NPU attention metadata), which its patch
+  ``patch/worker/patch_v2/patch_model_state.py`` installs by replacing vLLM's
+  ``model_runner.init_model_state`` (applied by ``NPUWorker.__init__``); the omni
+  V2 runner composes the omni hooks with it (``core.runner.model_state``).
+  :meth:`AscendBackend.model_runner_base` refuses V2 when that patch is not in
+  place. ``capabilities().v2_runner`` is True only on a stack of
+  :data:`STACKS` whose V2 runner calls every state seam the omni hooks run in
+  (see :data:`STACKS` for why not on 0.23);
 - device ops: ``torch.accelerator`` once ``torch_npu`` registered the ``npu``
   device (:class:`~omni_backends.torch_device.TorchAcceleratorBackend`), graphs on
   ``torch.npu.NPUGraph`` (``torch_npu.npu``); ``hccl``; ``ASCEND_RT_VISIBLE_DEVICES``.
@@ -27,11 +36,13 @@ device-backend autoload even ``import torch`` fails while torch_npu is
 installed (``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` avoids that).
 
 Verified statically (``omni-backends check-drift --source <vllm-ascend wheel>``)
-and on simulated devices (``tests/simulated/``); never on an Ascend NPU.
+and on simulated devices (``tests/simulated/``, ``tests/core/test_v2_vendor_state.py``);
+never on an Ascend NPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Mapping
 
@@ -116,12 +127,82 @@ NPU_WORKER = VendorSymbol(
     dist="vllm-ascend",
     kind="class",
 )
+# The V2 model state vllm-ascend builds (the omni V2 runner composes the omni hooks with it, core.runner.model_state).
+_STATE_ARGS = ("vllm_config", "model", "encoder_cache", "device")
+ASCEND_MODEL_STATE = VendorSymbol("vllm_ascend.worker.v2.model_states.default", "AscendModelState", params=_STATE_ARGS,
+                                  required=_STATE_ARGS, dist="vllm-ascend", kind="class")
+#: the override the omni state must keep: the NPU attention metadata, also stored as ``self.attn_metadata``
+ASCEND_PREPARE_ATTN = VendorSymbol(
+    "vllm_ascend.worker.v2.model_states.default", "AscendModelState.prepare_attn",
+    params=("input_batch", "cudagraph_mode", "block_tables", "slot_mappings", "attn_groups", "kv_cache_config"),
+    required=("input_batch", "cudagraph_mode", "block_tables", "slot_mappings", "attn_groups", "kv_cache_config"),
+    dist="vllm-ascend",
+)
+#: vllm-ascend's replacement for vLLM's ``init_model_state`` (the vendor's spelling), which builds AscendModelState
+ASCEND_INIT_MODEL_STATE = VendorSymbol("vllm_ascend.worker.v2.model_states", "init_asecnd_model_state",
+                                       params=_STATE_ARGS, required=_STATE_ARGS, mentions=("AscendModelState",),
+                                       dist="vllm-ascend")
+#: the patch that installs it: ``model_runner.init_model_state = init_asecnd_model_state`` at import
+ASCEND_MODEL_STATE_PATCH = VendorSymbol("vllm_ascend.patch.worker.patch_v2.patch_model_state", "", dist="vllm-ascend",
+                                        kind="module")
+#: the name vLLM's V2 ``GPUModelRunner.load_model`` builds its state through (what the patch rebinds)
+V2_RUNNER_INIT_MODEL_STATE = VendorSymbol("vllm.v1.worker.gpu.model_runner", "init_model_state", kind="attribute")
 TORCH_NPU = VendorSymbol("torch_npu", "", dist="torch-npu", kind="module")
 NPU_GRAPH = VendorSymbol("torch_npu.npu", "NPUGraph", required=(), dist="torch-npu", kind="class")
 NPU_GRAPH_CAPTURE = VendorSymbol(
     "torch_npu.npu", "graph", params=("npu_graph", "pool", "stream"), required=("npu_graph",), dist="torch-npu", kind="class"
 )
 NPU_GRAPH_POOL_HANDLE = VendorSymbol("torch_npu.npu", "graph_pool_handle", required=(), dist="torch-npu")
+
+
+@dataclasses.dataclass(frozen=True)
+class AscendStack:
+    """One vllm-ascend release line the driver is verified against (statically: ``check-drift`` on its
+    source, ``tests/test_drift_vendor_sources.py``): the distributions it pins (PEP 440 specifiers), whether
+    the omni V2 runner runs on it and why (the static facts, ``file:line`` in the vendor sources)."""
+
+    requirements: dict[str, str]
+    v2_runner: bool
+    v2_why: str
+
+    @property
+    def label(self) -> str:
+        return f"vllm-ascend{self.requirements['vllm-ascend']} on vllm{self.requirements['vllm']}"
+
+
+_TORCH_2_10 = {"torch-npu": ">=2.10,<2.11", "torch": ">=2.10,<2.11"}
+#: the verified stacks, oldest first. vllm-ascend X.Y runs on vLLM X.Y (its ``vllm_version_is("X.Y.0")`` checks)
+#: and pins torch 2.10.0 + torch-npu 2.10.0.post4. Both build ``AscendModelState`` through the patched
+#: ``init_model_state``; what differs is vLLM's V2 runner.
+STACKS: tuple[AscendStack, ...] = (
+    AscendStack({"vllm-ascend": ">=0.23,<0.24", **_TORCH_2_10, "vllm": ">=0.23,<0.24"}, v2_runner=False, v2_why=(
+        "vLLM 0.23's V2 ModelState has no remove_request and its runner never calls one "
+        "(check-drift: state-override-never-called), so a finished request's omni payloads would never be freed")),
+    AscendStack({"vllm-ascend": ">=0.26.0rc1,<0.27", **_TORCH_2_10, "vllm": ">=0.26,<0.27"}, v2_runner=True, v2_why=(
+        "vLLM 0.26's V2 runner calls add_request, remove_request, get_mm_embeddings, prepare_inputs and "
+        "prepare_dummy_inputs on the AscendModelState vllm-ascend builds (statically checked; never run on an NPU)")),
+)
+
+
+def stack_of(versions: Mapping[str, str | None]) -> AscendStack | None:
+    """The verified stack (:data:`STACKS`) the installed ``versions`` form, else ``None``."""
+    return next((s for s in STACKS if not version_mismatches(s.requirements, versions)), None)
+
+
+def _nearest_stack(versions: Mapping[str, str | None]) -> AscendStack:
+    """The stack of the installed vllm-ascend's release line, else the newest one (what a fix installs)."""
+    ascend = {"vllm-ascend": versions.get("vllm-ascend")}
+    return next((s for s in STACKS if not version_mismatches({"vllm-ascend": s.requirements["vllm-ascend"]}, ascend)),
+                STACKS[-1])
+
+
+def v2_runner_note(versions: Mapping[str, str | None]) -> str:
+    """Whether the omni V2 runner runs on the installed ``versions``, and why (one sentence)."""
+    stack = stack_of(versions)
+    if stack is None:
+        return ("V2 runner: no (not a verified stack; V2 only on "
+                + ", ".join(s.label for s in STACKS if s.v2_runner) + ")")
+    return f"V2 runner: {'yes' if stack.v2_runner else 'no'} ({stack.v2_why})"
 
 
 def cann_dirs() -> list[str]:
@@ -181,6 +262,21 @@ def ascend_forward_context_kwargs(
     return kwargs
 
 
+def check_v2_model_state_patch() -> None:
+    """Raise :class:`OmniBackendError` unless ``vllm.v1.worker.gpu.model_runner.init_model_state`` is
+    vllm-ascend's ``init_asecnd_model_state`` (so the V2 runner builds ``AscendModelState``)."""
+    built_by = V2_RUNNER_INIT_MODEL_STATE.resolve()
+    if built_by is not ASCEND_INIT_MODEL_STATE.resolve():
+        raise OmniBackendError(
+            f"vLLM's V2 runner builds its model state with {getattr(built_by, '__module__', '?')}."
+            f"{getattr(built_by, '__qualname__', built_by)}, not vllm-ascend's {ASCEND_INIT_MODEL_STATE.qualname}: "
+            f"the patch {ASCEND_MODEL_STATE_PATCH.qualname} is not applied, so the state would not be "
+            f"{ASCEND_MODEL_STATE.qualname} and its {ASCEND_PREPARE_ATTN.attr_name} (the NPU attention metadata) "
+            "would not run. Build the runner inside vllm-ascend's NPUWorker (its __init__ calls "
+            "vllm_ascend.utils.adapt_patch()), or set VLLM_USE_V2_MODEL_RUNNER=0"
+        )
+
+
 class AscendBackend(TorchAcceleratorBackend):
     """Ascend NPU driver (see the module docstring for what each group delegates to)."""
 
@@ -190,13 +286,14 @@ class AscendBackend(TorchAcceleratorBackend):
     dist_backend: ClassVar[str] = "hccl"
     visible_devices_env: ClassVar[str | None] = "ASCEND_RT_VISIBLE_DEVICES"
     priority: ClassVar[int] = 90
-    #: vllm-ascend 0.23.0.post1 pins torch 2.10.0 + torch-npu 2.10.0.post4 and
-    #: checks for vLLM 0.23.0 (``vllm_version_is("0.23.0")``).
+    #: the window the verified :data:`STACKS` span (vllm-ascend 0.23.0.post1 and 0.26.0rc1, each on its own vLLM,
+    #: both on torch 2.10.0 + torch-npu 2.10.0.post4); :meth:`probe` also requires the installed versions to form
+    #: one of the stacks (vllm-ascend 0.24 / 0.25, or 0.23 on vLLM 0.26, are inside the window but not verified).
     vendor_requirements: ClassVar[dict[str, str]] = {
-        "vllm-ascend": ">=0.23,<0.24",
+        "vllm-ascend": ">=0.23,<0.27",
         "torch-npu": ">=2.10,<2.11",
         "torch": ">=2.10,<2.11",
-        "vllm": ">=0.23,<0.24",
+        "vllm": ">=0.23,<0.27",
     }
     #: torch_npu (and vllm-ascend, which imports it) raise OSError without CANN's runtime (libhccl.so)
     vendor_modules: ClassVar[dict[str, str]] = {
@@ -231,6 +328,15 @@ class AscendBackend(TorchAcceleratorBackend):
             if problems:
                 return ProbeResult(ProbeState.INSTALLED, "; ".join(problems), versions,
                                    fix=install_hint(cls.vendor_requirements, versions), device_count=len(nodes))
+            stack = stack_of(versions)
+            if stack is None:
+                near = _nearest_stack(versions)
+                return ProbeResult(
+                    ProbeState.INSTALLED,
+                    f"vllm-ascend {versions['vllm-ascend']} with vllm {versions['vllm']} is not a verified stack ("
+                    + "; ".join(version_mismatches(near.requirements, versions)) + "; verified: "
+                    + ", ".join(s.label for s in STACKS) + ")",
+                    versions, fix=install_hint(near.requirements, versions), device_count=len(nodes))
             hccl = find_shared_library("hccl", cann_dirs())
             if hccl is None:
                 return ProbeResult(
@@ -255,8 +361,8 @@ class AscendBackend(TorchAcceleratorBackend):
                 return ProbeResult(ProbeState.IMPORTABLE,
                                    f"torch_npu imports but reports 0 NPUs (ASCEND_RT_VISIBLE_DEVICES={visible!r})",
                                    versions, fix="check ASCEND_RT_VISIBLE_DEVICES and the NPU driver")
-            return ProbeResult(ProbeState.USABLE, f"{count} Ascend NPU(s); vllm-ascend {versions['vllm-ascend']}",
-                               versions, device_count=count)
+            return ProbeResult(ProbeState.USABLE, f"{count} Ascend NPU(s); vllm-ascend {versions['vllm-ascend']} on "
+                               f"vllm {versions['vllm']}; {v2_runner_note(versions)}", versions, device_count=count)
         except Exception as exc:  # a probe never raises
             return ProbeResult(ProbeState.NOT_INSTALLED, f"probe failed: {exc}", {}, error=repr(exc))
 
@@ -290,13 +396,17 @@ class AscendBackend(TorchAcceleratorBackend):
             d2h_stream_ordered=True,
             pinned_memory=True,
             v1_runner=True,
-            # vllm-ascend 0.23's V2 runner never consults the model's get_model_state_cls: vLLM 0.23's
-            # init_model_state has no such hook and vllm-ascend replaces it at module level
-            # (patch/worker/patch_v2/patch_model_state.py:26), so the omni model state is never built.
-            # `omni-backends check-drift --driver npu` reports it (docs/drift.md).
-            v2_runner=False,
+            v2_runner=self.v2_runner_supported(),
             talker_mtp_graph=True,
         )
+
+    @classmethod
+    def v2_runner_supported(cls) -> bool:
+        """Whether the installed vllm-ascend / vLLM form a stack of :data:`STACKS` on which the omni V2 runner
+        composes with vllm-ascend's ``AscendModelState`` (:func:`v2_runner_note` says why; distribution
+        metadata only, nothing imported). False where vllm-ascend is not installed."""
+        stack = stack_of(versions_of(cls.vendor_requirements))
+        return stack is not None and stack.v2_runner
 
     # ------------------------------------------------- torch graph primitive
     def new_graph(self) -> Any:
@@ -388,8 +498,19 @@ class AscendBackend(TorchAcceleratorBackend):
     # ------------------------------------------------------------ bases
     def model_runner_base(self, v2: bool = False) -> type:
         """vllm-ascend's ``worker.model_runner_v1.NPUModelRunner`` (V1, vllm-ascend's
-        default) or ``worker.v2.model_runner.NPUModelRunner`` (V2)."""
-        return NPU_MODEL_RUNNER_V2.resolve() if v2 else NPU_MODEL_RUNNER_V1.resolve()
+        default) or ``worker.v2.model_runner.NPUModelRunner`` (V2).
+
+        For V2, raises :class:`OmniBackendError` unless vLLM's V2 runner builds its
+        state through vllm-ascend's ``init_asecnd_model_state`` (the patch
+        ``vllm_ascend.patch.worker.patch_v2.patch_model_state``, which
+        ``NPUWorker.__init__`` applies through ``adapt_patch()``): without it vLLM's
+        ``DefaultModelState`` would be built and composed, and its ``prepare_attn``
+        is not the NPU one (:func:`check_v2_model_state_patch`)."""
+        if not v2:
+            return NPU_MODEL_RUNNER_V1.resolve()
+        runner = NPU_MODEL_RUNNER_V2.resolve()
+        check_v2_model_state_patch()
+        return runner
 
     def worker_base(self) -> type:
         """``vllm_ascend.worker.worker.NPUWorker`` (initialises ``hccl``)."""
