@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fetch the vendor packages the static tests read with `ast` (never installed):
-# vLLM 0.33.0 / 0.26.0 / 0.23.0 wheels, the vllm-ascend 0.23.0.post1 sdist,
-# the torch-npu 2.10.0.post4 wheel. `pip download --no-deps`, cached: a
+# vLLM 0.33.0 / 0.26.0 / 0.23.0 wheels, the vllm-ascend 0.23.0.post1 sdist and
+# 0.26.0rc1 wheel (25 MB; it runs on vLLM 0.26.0, already fetched for cuda), the
+# torch-npu 2.10.0.post4 wheel. `pip download --no-deps`, cached: a
 # package already in the cache is not downloaded again.
 #
 # Usage: scripts/fetch-vendor-sources.sh [CACHE_DIR]
@@ -56,6 +57,7 @@ fetch vllm==0.33.0 vllm-0.33.0 "vllm-0.33.0-*.whl"
 fetch vllm==0.26.0 vllm-0.26.0 "vllm-0.26.0-*.whl"
 fetch vllm==0.23.0 vllm-0.23.0 "vllm-0.23.0-*.whl"
 fetch vllm-ascend==0.23.0.post1 vllm-ascend-0.23.0.post1 "vllm_ascend-0.23.0.post1.tar.gz" sdist
+fetch vllm-ascend==0.26.0rc1 vllm-ascend-0.26.0rc1 "vllm_ascend-0.26.0rc1-*.whl"
 fetch torch-npu==2.10.0.post4 torch-npu-2.10.0.post4 "torch_npu-2.10.0.post4-*.whl"
 
 vllm033="$(compgen -G "$cache/vllm-0.33.0/vllm-0.33.0-*.whl" | head -1)"

@@ -4,7 +4,7 @@
 #
 # It runs what CI runs, none of it skipped for want of a package:
 # - first scripts/fetch-vendor-sources.sh: the vendor packages the static tests read (vLLM 0.33.0/0.26.0/0.23.0
-#   wheels, vllm-ascend 0.23.0.post1 sdist, torch-npu 2.10.0.post4 wheel; about 1 GB once, cached in
+#   wheels, vllm-ascend 0.23.0.post1 sdist and 0.26.0rc1 wheel, torch-npu 2.10.0.post4 wheel; about 1 GB once, cached in
 #   $OMNI_BACKENDS_VENDOR_DIR, default ~/.cache/omni-backends/vendor-sources; nothing is downloaded again). A
 #   failed download stops here, naming the package. Its env.sh (sourced) makes a missing source a test failure;
 # - OMNI_BACKENDS_REQUIRE_RAY=1: a missing `ray` fails tests/core/test_tp.py's Ray case instead of skipping it.

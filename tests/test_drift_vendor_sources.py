@@ -2,7 +2,7 @@
 against the real vendor sources (read with ``ast``; nothing installed).
 
 Sources: vLLM 0.33.0, 0.26.0 and 0.23.0 wheels, the vllm-ascend 0.23.0.post1
-sdist, the torch-npu 2.10.0.post4 wheel. ``scripts/fetch-vendor-sources.sh``
+sdist and 0.26.0rc1 wheel, the torch-npu 2.10.0.post4 wheel. ``scripts/fetch-vendor-sources.sh``
 downloads them (``pip download --no-deps``, cached) into
 ``$OMNI_BACKENDS_VENDOR_DIR`` (default ``~/.cache/omni-backends/vendor-sources``)
 and writes ``env.sh``; CI sources it. Without a source a test skips saying
@@ -32,6 +32,7 @@ LAYOUT = {
     "vllm-0.23.0": ("vllm-0.23.0", "vllm-0.23.0-*.whl", "/tmp/vllm023/vllm-0.23.0-*.whl"),
     "vllm-ascend-0.23.0.post1": ("vllm-ascend-0.23.0.post1", "vllm_ascend-0.23.0.post1*",
                                  "/tmp/vllm_ascend_src/vllm_ascend-0.23.0*.whl"),
+    "vllm-ascend-0.26.0rc1": ("vllm-ascend-0.26.0rc1", "vllm_ascend-0.26.0rc1*", ""),
     "torch-npu-2.10.0.post4": ("torch-npu-2.10.0.post4", "torch_npu-2.10.0.post4-*.whl",
                                "/tmp/torchnpu/torch_npu-2.10.0*.whl"),
 }
@@ -223,4 +224,109 @@ def test_check_drift_cli_on_the_npu_driver_with_its_vendor_sources(capsys):
     assert rc == 1 and npu["drift"] == 0  # the bindings are clean; the V2 seams are not
     kinds = {f["kind"] for f in npu["seams"] if f["status"] == "drift"}
     assert "state-override-never-called" in kinds  # vLLM 0.23's runner never calls remove_request
+    assert {f["runner"] for f in npu["seams"]} == {"v1", "v2", "worker"}
+
+
+# ------------------------------------------------------------------ npu on V2: vllm-ascend 0.26.0rc1 on vLLM 0.26.0
+ASCEND_0_26 = ("vllm-0.26.0", "vllm-ascend-0.26.0rc1", "torch-npu-2.10.0.post4")
+NPU_V2 = VendorSymbol("vllm_ascend.worker.v2.model_runner", "NPUModelRunner", kind="class")
+
+
+def test_vllm_ascend_0_26_v2_builds_ascend_model_state_and_vllm_0_26_calls_every_state_seam_on_it():
+    """vllm-ascend 0.26.0rc1 (the newest release whose vLLM, 0.26.0, this suite already fetches) still builds
+    ``AscendModelState(DefaultModelState)`` by replacing ``init_model_state`` at module level, and vLLM 0.26's V2
+    runner calls add_request, remove_request, get_mm_embeddings (0.26's name for prepare_inputs_embeds),
+    prepare_inputs and prepare_dummy_inputs -- from methods vllm-ascend's NPUModelRunner does not override, so the
+    calls are the ones that run. Nothing drifts: the npu driver's V2 gate is True for this pair."""
+    resolver = _resolver(*ASCEND_0_26)
+    facts = check_seams(_contract(), NPU_V2, resolver)
+    assert _drift_kinds(facts) == set(), [f.to_json() for f in facts if f.drift]
+    by = _by(facts)
+    replaced = by[("model-state", "model_runner.init_model_state replaced")]
+    assert replaced.kind == "state-replaced-composed"
+    assert replaced.vendor == "vllm_ascend/patch/worker/patch_v2/patch_model_state.py:26"
+    assert "init_asecnd_model_state" in replaced.found
+    calls = {name: by[("model-state", f"runner calls model_state.{name}")].vendor for name in (
+        "add_request", "remove_request", "prepare_inputs_embeds", "prepare_inputs", "prepare_dummy_inputs")}
+    assert calls == {
+        "add_request": "vllm/v1/worker/gpu/model_runner.py:816",
+        "remove_request": "vllm/v1/worker/gpu/model_runner.py:757",
+        "prepare_inputs_embeds": "vllm/v1/worker/gpu/model_runner.py:1287",
+        "prepare_inputs": "vllm/v1/worker/gpu/model_runner.py:1300",
+        "prepare_dummy_inputs": "vllm/v1/worker/gpu/cudagraph_utils.py:479",
+    }
+    # the methods holding those calls are vLLM's, not overridden by vllm-ascend's runner or graph manager
+    from omni_backends.drift.chain import ClassChain
+
+    chain = ClassChain(resolver, NPU_V2.module, NPU_V2.attr)
+    for method in ("load_model", "_remove_request", "add_requests", "execute_model", "capture_model", "sample_tokens"):
+        assert chain.method(method).owner.qualname == "vllm.v1.worker.gpu.model_runner.GPUModelRunner", method
+    graphs = ClassChain(resolver, "vllm_ascend.worker.v2.aclgraph_utils", "ModelAclGraphManager")
+    assert graphs.method("capture").owner.qualname == "vllm_ascend.worker.v2.aclgraph_utils.ModelAclGraphManager"
+    assert graphs.method("capture", after=graphs.leaf).owner.qualname == \
+        "vllm.v1.worker.gpu.cudagraph_utils.ModelCudaGraphManager"  # which it calls through super()
+    # the state the omni hooks compose with, and the one method of it they must keep
+    state = ClassChain(resolver, "vllm_ascend.worker.v2.model_states.default", "AscendModelState")
+    assert [c.qualname for c in state.classes][:2] == ["vllm_ascend.worker.v2.model_states.default.AscendModelState",
+                                                       "vllm.v1.worker.gpu.model_states.default.DefaultModelState"]
+    assert state.method("prepare_attn").owner is state.leaf
+    assert {state.method(n).owner.qualname for n in ("add_request", "prepare_inputs", "prepare_dummy_inputs")} == {
+        "vllm.v1.worker.gpu.model_states.default.DefaultModelState"}
+
+
+def test_npu_driver_bindings_and_v2_state_declarations_are_clean_on_vllm_ascend_0_26():
+    from omni_backends.ascend import driver as ascend
+    from omni_backends.registry import discover
+
+    resolver = _resolver(*ASCEND_0_26)
+    entries, _ = discover()
+    report = drift.check_declarations("npu", drift.driver_declarations(entries["npu"].cls), resolver)
+    assert report.drift == [], drift.render_text({
+        "mode": "source", "against": resolver.describe(), "date": "", "drift": True, "drivers": [report.to_json()]})
+    found = {s["symbol"]: s["vendor_at"] for s in report.to_json()["checked_symbols"]}
+    assert found["ASCEND_MODEL_STATE"] == "vllm_ascend/worker/v2/model_states/default.py:32"
+    assert found["ASCEND_PREPARE_ATTN"] == "vllm_ascend/worker/v2/model_states/default.py:35"
+    assert found["ASCEND_INIT_MODEL_STATE"] == "vllm_ascend/worker/v2/model_states/__init__.py:26"
+    assert found["ASCEND_MODEL_STATE_PATCH"] == "vllm_ascend/patch/worker/patch_v2/patch_model_state.py"
+    assert ascend.ASCEND_MODEL_STATE_PATCH.qualname in {d.symbol.qualname for d in
+                                                        drift.driver_declarations(entries["npu"].cls)}
+
+
+@pytest.mark.parametrize("sources", [("vllm-0.23.0", "vllm-ascend-0.23.0.post1", "torch-npu-2.10.0.post4"), ASCEND_0_26],
+                         ids=["vllm-ascend-0.23", "vllm-ascend-0.26"])
+def test_the_npu_v2_gate_follows_from_the_static_facts_of_each_verified_stack(sources):
+    """``capabilities().v2_runner`` is the stack's (omni_backends.ascend.driver.STACKS) exactly where the V2 seams of
+    that stack's sources have no drift: False on 0.23 (remove_request never called), True on 0.26."""
+    from omni_backends.ascend.driver import stack_of
+
+    resolver = _resolver(*sources)
+    versions = {}
+    for tree in resolver.trees:
+        versions.update(tree.versions)
+    stack = stack_of({"vllm-ascend": versions["vllm_ascend"], "vllm": versions["vllm"], "torch": "2.10.0",
+                      "torch-npu": versions["torch_npu"]})
+    assert stack is not None, versions
+    v2_drift = [f for f in check_seams(_contract(), NPU_V2, resolver) if f.drift]
+    assert stack.v2_runner is (v2_drift == []), [f.to_json() for f in v2_drift]
+
+
+def test_standin_signatures_equal_vllm_ascend_0_26_too():
+    """The recording stand-ins (recorded from vllm-ascend 0.23.0.post1) have 0.26.0rc1's signatures as well, so the
+    driver tests hold for both verified stacks."""
+    resolver = _resolver(*ASCEND_0_26)
+    for (module, attr, kind), (fn, recorded_from) in STANDINS.items():
+        where, params, _ = resolver.resolve(VendorSymbol(module, attr, required=(), kind=kind))
+        assert [(p.name, p.kind, p.default) for p in params] == _standin_params(fn), f"{recorded_from} vs {where}"
+
+
+def test_check_drift_cli_on_the_npu_driver_with_vllm_ascend_0_26_is_clean(capsys):
+    """The maintainer's command on the V2-capable stack: bindings and V1 / V2 / worker seams, no drift."""
+    import json
+
+    from omni_backends.cli import main
+
+    rc = main(["check-drift", "--driver", "npu", "--contract", "core.seams:CONTRACT", "--json"]
+              + [a for n in ASCEND_0_26 for a in ("--source", _tree(n).path)])
+    (npu,) = json.loads(capsys.readouterr().out)["drivers"]
+    assert rc == 0 and npu["drift"] == 0 and npu["seam_drift"] == 0
     assert {f["runner"] for f in npu["seams"]} == {"v1", "v2", "worker"}
