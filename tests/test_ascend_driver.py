@@ -277,6 +277,9 @@ def test_probe_not_usable_here_names_what_is_missing():
     assert not probe.usable and probe.state is ProbeState.NOT_INSTALLED
     assert "vllm-ascend" in probe.reason and "torch-npu" in probe.reason
     assert "CANN" in probe.fix
+    # which stacks the driver is verified on, and on which of them the omni V2 runner runs (devices output)
+    assert probe.reason.endswith("verified stacks: vllm-ascend>=0.23,<0.24 on vllm>=0.23,<0.24 (V2 runner: no); "
+                                 "vllm-ascend>=0.26.0rc1,<0.27 on vllm>=0.26,<0.27 (V2 runner: yes)")
 
 
 @pytest.mark.parametrize("name", ["npu", "ascend", "NPU"])

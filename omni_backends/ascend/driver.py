@@ -196,6 +196,11 @@ def _nearest_stack(versions: Mapping[str, str | None]) -> AscendStack:
                 STACKS[-1])
 
 
+def stacks_text() -> str:
+    """The verified stacks in one line, each with whether the omni V2 runner runs on it."""
+    return "; ".join(f"{s.label} (V2 runner: {'yes' if s.v2_runner else 'no'})" for s in STACKS)
+
+
 def v2_runner_note(versions: Mapping[str, str | None]) -> str:
     """Whether the omni V2 runner runs on the installed ``versions``, and why (one sentence)."""
     stack = stack_of(versions)
@@ -319,7 +324,8 @@ class AscendBackend(TorchAcceleratorBackend):
             if missing:
                 return ProbeResult(
                     ProbeState.NOT_INSTALLED,
-                    f"{' and '.join(missing)} not installed; {len(nodes)} Ascend device node(s) in /dev",
+                    f"{' and '.join(missing)} not installed; {len(nodes)} Ascend device node(s) in /dev; verified "
+                    f"stacks: {stacks_text()}",
                     versions,
                     fix="install Huawei CANN, then pip install 'omni-backends[ascend]'",
                     device_count=len(nodes),
@@ -334,8 +340,8 @@ class AscendBackend(TorchAcceleratorBackend):
                 return ProbeResult(
                     ProbeState.INSTALLED,
                     f"vllm-ascend {versions['vllm-ascend']} with vllm {versions['vllm']} is not a verified stack ("
-                    + "; ".join(version_mismatches(near.requirements, versions)) + "; verified: "
-                    + ", ".join(s.label for s in STACKS) + ")",
+                    + "; ".join(version_mismatches(near.requirements, versions)) + "; verified stacks: "
+                    + stacks_text() + ")",
                     versions, fix=install_hint(near.requirements, versions), device_count=len(nodes))
             hccl = find_shared_library("hccl", cann_dirs())
             if hccl is None:
