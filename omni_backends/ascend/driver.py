@@ -176,11 +176,14 @@ _TORCH_2_10 = {"torch-npu": ">=2.10,<2.11", "torch": ">=2.10,<2.11"}
 #: ``init_model_state``; what differs is vLLM's V2 runner.
 STACKS: tuple[AscendStack, ...] = (
     AscendStack({"vllm-ascend": ">=0.23,<0.24", **_TORCH_2_10, "vllm": ">=0.23,<0.24"}, v2_runner=False, v2_why=(
-        "vLLM 0.23's V2 ModelState has no remove_request and its runner never calls one "
-        "(check-drift: state-override-never-called), so a finished request's omni payloads would never be freed")),
+        "vLLM 0.23's V2 ModelState has no remove_request (vllm/v1/worker/gpu/model_states/interface.py:38) and its "
+        "runner's _remove_request never calls one (vllm/v1/worker/gpu/model_runner.py:708; check-drift: "
+        "state-override-never-called), so a finished request's omni payloads would never be freed")),
     AscendStack({"vllm-ascend": ">=0.26.0rc1,<0.27", **_TORCH_2_10, "vllm": ">=0.26,<0.27"}, v2_runner=True, v2_why=(
-        "vLLM 0.26's V2 runner calls add_request, remove_request, get_mm_embeddings, prepare_inputs and "
-        "prepare_dummy_inputs on the AscendModelState vllm-ascend builds (statically checked; never run on an NPU)")),
+        "vLLM 0.26's V2 runner calls remove_request (vllm/v1/worker/gpu/model_runner.py:757), add_request (:816), "
+        "get_mm_embeddings (:1287), prepare_inputs (:1300) and prepare_dummy_inputs (cudagraph_utils.py:479) on the "
+        "AscendModelState vllm-ascend builds (vllm_ascend/patch/worker/patch_v2/patch_model_state.py:26), from "
+        "methods vllm-ascend does not override; statically checked, never run on an NPU")),
 )
 
 
