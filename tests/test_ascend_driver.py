@@ -214,8 +214,7 @@ def test_probe_refuses_a_pair_that_is_not_a_verified_stack_with_the_fix(tmp_path
     assert probe.fix == "pip install 'vllm>=0.26,<0.27'"
 
 
-@pytest.mark.parametrize("versions, says", [(ASCEND_0_23, "V2 runner: no (vLLM 0.23's V2 ModelState has no "
-                                                          "remove_request"),
+@pytest.mark.parametrize("versions, says", [(ASCEND_0_23, "V2 runner: no (vLLM 0.23's V2 ModelState has no remove_request"),
                                             (ASCEND_0_26, "V2 runner: yes (vLLM 0.26's V2 runner calls remove_request")])
 def test_usable_probe_says_whether_the_v2_runner_runs_and_why(tmp_path, monkeypatch, versions, says):
     fake_dists(tmp_path, monkeypatch, versions)
