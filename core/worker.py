@@ -62,6 +62,9 @@ class OmniWorkerMixin:
             "worker_cls": type(self).__name__,
             "runner_cls": type(runner).__name__,
             "runner_mro": [c.__name__ for c in type(runner).__mro__],
+            # V2: the ModelState the runner holds (vLLM's own for a stock model, composed with the omni hooks else)
+            "model_state_mro": [c.__name__ for c in type(getattr(runner, "model_state", None)).__mro__]
+            if getattr(runner, "model_state", None) is not None else None,
             "payload_ids": hooks.payloads.request_ids() if hooks else None,
             "payload_devices": (
                 {r: {k: v.device.type for k, v in hooks.payloads.get(r).items() if hasattr(v, "device")}

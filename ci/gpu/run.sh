@@ -8,11 +8,16 @@
 # a part gets what is left, one that cannot start is listed in $OUT/not-run.txt for the next command.
 #
 # PARTs:
-#   matrix          issue 21's GPU verification in one command, three jobs at once: pytest tests/core (every variant
-#                   the driver offers: v1-eager, v1-graphs, v2-eager, v2-graphs; each variant's engines in one
-#                   process, the variants concurrently, tests/core/conftest.py), the conformance kit (both tiers),
-#                   and ci/gpu/equivalence.py (where omni and stock first differ; arrival timing in multiprocess);
-#                   prints the wall time per job. The two-runs-one-seed CLI test is left to `mainjobs` (five runs)
+#   matrix          the GPU verification in one command, jobs at once (MATRIX_JOBS, default "core kit cublas"):
+#                   pytest tests/core (every variant the driver offers: v1-eager, v1-graphs, v2-eager, v2-graphs;
+#                   each variant's engines in their processes, the variants concurrently, tests/core/conftest.py;
+#                   vLLM-Omni's Qwen3-TTS classes per variant, tests/core/test_qwen3_tts.py), the conformance kit
+#                   (both tiers), the cublas-probe below; "equivalence" adds ci/gpu/equivalence.py (where omni and
+#                   stock first differ); prints the wall time per job. The two-runs-one-seed CLI test is left to
+#                   `mainjobs` (five runs)
+#   qwen3           tests/core/test_qwen3_tts.py only: vLLM-Omni's Qwen3-TTS classes per variant (OMNI_TEST_VARIANTS
+#                   narrows them, e.g. v1-eager,v2-eager); needs .whl/ with the vllm-omni wheel and the modules it
+#                   imports that the stack lacks (2026-12-02: soundfile, then prettytable were missing)
 #   mainjobs        five `omni-backends run --device cuda` back to back (vLLM's defaults), one seed: every exit
 #                   status, wall and engine-start times, and whether every out.wav is byte-identical
 #   cublas-probe    the talker engine started cold then warm (ci/gpu/talker_start.py) under several settings
@@ -50,8 +55,10 @@ fi
 . /tmp/gpu-site/env.sh
 bash /tmp/gpu-site/install-project.sh || { echo "installing the project into /tmp/gpu-project failed" >&2; exit 3; }
 # vLLM-Omni's own model classes (tests/core/test_qwen3_tts.py, the loader tests): the wheel carried as .whl/
+# (and the pure-Python / self-contained wheels its modules import that the stack lacks: soundfile, einops, pillow;
+# appended to PYTHONPATH, so the stack's own copies win where it has them)
 if [ ! -d /tmp/omni-site/vllm_omni ] && ls "$ROOT"/.whl/vllm_omni-*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/omni-site "$ROOT"/.whl/vllm_omni-*.whl || echo "vllm-omni wheel did not install" >&2
+  python3 -m pip install -q --no-index --no-deps --target /tmp/omni-site "$ROOT"/.whl/*.whl || echo "vllm-omni wheels did not install" >&2
 fi
 [ -d /tmp/omni-site/vllm_omni ] && export PYTHONPATH="$PYTHONPATH:/tmp/omni-site"
 export OMNI_BACKENDS_DEVICE=cuda
@@ -95,36 +102,48 @@ part_core_rest() {
   [ $rc -eq 0 ] && [ $krc -eq 0 ]
 }
 
-part_matrix() {
+part_matrix() {  # MATRIX_JOBS: which jobs run at once (default: core kit cublas; also: equivalence)
   local d="$OUT/matrix"; mkdir -p "$d/scenarios"
   header matrix > "$d/log.txt"
   local budget; budget=$(left)
-  local t0=$SECONDS
-  ( OMNI_TEST_LOG_DIR="$d/scenarios" timeout "$budget" python3 -m pytest -p no:cacheprovider --device cuda -rs -v \
-      --durations=25 --junitxml="$d/core-junit.xml" tests/core \
-      --deselect tests/core/test_pipeline.py::test_same_seed_gives_identical_wav_bytes > "$d/core.txt" 2>&1; echo "rc=$? wall=$((SECONDS - t0)) s" >> "$d/core.txt" ) &
-  local core=$!
-  ( timeout "$budget" python3 -m pytest -p no:cacheprovider --pyargs omni_backends.testing.suite --device cuda -rs -q \
-      --omni-report "$d/kit-cuda-h200.json" > "$d/kit.txt" 2>&1; echo "rc=$? wall=$((SECONDS - t0)) s" >> "$d/kit.txt" ) &
-  local kit=$!
-  ( timeout "$budget" python3 ci/gpu/equivalence.py "$d/eqdemo" "$d/equivalence.json" --device cuda --multiprocess \
-      > "$d/equivalence.txt" 2>&1; echo "rc=$? wall=$((SECONDS - t0)) s" >> "$d/equivalence.txt" ) &
-  local eq=$!
-  wait $core; wait $kit; wait $eq
+  local t0=$SECONDS jobs="${MATRIX_JOBS:-core kit cublas}" pids=() j
+  for j in $jobs; do
+    case $j in
+      core) ( OMNI_TEST_LOG_DIR="$d/scenarios" timeout "$budget" python3 -m pytest -p no:cacheprovider --device cuda -rs -v \
+          --durations=25 --junitxml="$d/core-junit.xml" tests/core \
+          --deselect tests/core/test_pipeline.py::test_same_seed_gives_identical_wav_bytes > "$d/core.txt" 2>&1; echo "rc=$? wall=$((SECONDS - t0)) s" >> "$d/core.txt" ) & ;;
+      kit) ( timeout "$budget" python3 -m pytest -p no:cacheprovider --pyargs omni_backends.testing.suite --device cuda -rs -q \
+          --omni-report "$d/kit-cuda-h200.json" > "$d/kit.txt" 2>&1; echo "rc=$? wall=$((SECONDS - t0)) s" >> "$d/kit.txt" ) & ;;
+      equivalence) ( timeout "$budget" python3 ci/gpu/equivalence.py "$d/eqdemo" "$d/equivalence.json" --device cuda --multiprocess \
+          > "$d/equivalence.txt" 2>&1; echo "rc=$? wall=$((SECONDS - t0)) s" >> "$d/equivalence.txt" ) & ;;
+      cublas) ( part_cublas_probe > "$d/cublas.txt" 2>&1; echo "rc=$? wall=$((SECONDS - t0)) s" >> "$d/cublas.txt" ) & ;;
+      *) echo "unknown matrix job $j" >&2; continue ;;
+    esac
+    pids+=($!)
+  done
+  wait "${pids[@]}"
   {
     echo "| job | result | wall |"; echo "|---|---|---|"
-    for j in core kit equivalence; do
-      echo "| $j | $(grep -E '(passed|failed|error)' "$d/$j.txt" | tail -1 | tr -d '=' | xargs) $(tail -1 "$d/$j.txt" | cut -d' ' -f1) | $(tail -1 "$d/$j.txt" | sed 's/.*wall=//') |"
+    for j in $jobs; do
+      echo "| $j | $(grep -E '(passed|failed|error|rc=)' "$d/$j.txt" | grep -v '^rc=' | tail -1 | tr -d '=' | xargs) $(tail -1 "$d/$j.txt" | cut -d' ' -f1) | $(tail -1 "$d/$j.txt" | sed 's/.*wall=//') |"
     done
     echo; echo "scenario processes (tests/core):"; grep -h "^scenario " "$d"/scenarios/*.log 2>/dev/null
   } | tee -a "$d/log.txt"
-  grep -E "^(FAILED|ERROR)|^SKIPPED" "$d/core.txt" | head -40 | tee -a "$d/log.txt"
-  python3 - "$d/equivalence.json" <<'PY' 2>/dev/null | tee -a "$d/log.txt"
+  grep -E "^(FAILED|ERROR)|^SKIPPED" "$d/core.txt" 2>/dev/null | head -60 | tee -a "$d/log.txt"
+  [ -f "$d/equivalence.json" ] && python3 - "$d/equivalence.json" <<'PY' 2>/dev/null | tee -a "$d/log.txt"
 import json, sys
 r = json.load(open(sys.argv[1]))
 print("equivalence:", json.dumps({k: r.get(k) for k in ("first_difference", "inproc_max_logprob_diff", "multiprocess", "env")}))
 PY
   grep -q "^rc=0" "$d/core.txt" && grep -q "^rc=0" "$d/kit.txt"
+}
+
+part_qwen3() {  # vLLM-Omni's Qwen3-TTS classes only, the variants in OMNI_TEST_VARIANTS (default: all the driver offers)
+  local d="$OUT/qwen3"; mkdir -p "$d/scenarios"
+  header qwen3 > "$d/log.txt"
+  OMNI_TEST_LOG_DIR="$d/scenarios" timeout "$(left)" python3 -m pytest -p no:cacheprovider --device cuda -rs -v \
+      tests/core/test_qwen3_tts.py >> "$d/log.txt" 2>&1
+  local rc=$?; echo "rc=$rc" >> "$d/log.txt"; tail -15 "$d/log.txt"; return $rc
 }
 
 part_mainjobs() {
@@ -153,10 +172,10 @@ part_mainjobs() {
 # One probe per line: CACHE|LABEL|ENV SETTINGS|talker_start.py ARGS|STARTS ("cold warm", or "warm" reusing CACHE's
 # compile cache from an earlier line). CUBLAS_PROBE_SPECS replaces the list (round 2 of issue 21: cuBLAS's own log,
 # in-process, a cuBLAS handle made before the engine, no AOT compile).
-CUBLAS_PROBE_SPECS_DEFAULT="defaults|defaults|||cold warm
+CUBLAS_PROBE_SPECS_DEFAULT="defaults|defaults|||cold
 defaults|cublas-log|CUBLAS_LOGINFO_DBG=1 CUBLAS_LOGDEST_DBG=stderr||warm
-defaults|inproc|VLLM_ENABLE_V1_MULTIPROCESSING=0||warm
 defaults|inproc-preinit|VLLM_ENABLE_V1_MULTIPROCESSING=0|--preinit-cublas|warm
+defaults|inproc|VLLM_ENABLE_V1_MULTIPROCESSING=0||warm
 no-aot|no-aot|VLLM_USE_AOT_COMPILE=0||cold warm"
 
 part_cublas_probe() {
@@ -222,6 +241,7 @@ for part in "$@"; do
     matrix) part_matrix ;;
     mainjobs) part_mainjobs ;;
     cublas-probe) part_cublas_probe ;;
+    qwen3) part_qwen3 ;;
     core-v2-graphs) part_core v2-graphs "v2-graphs" ;;
     core-v1-graphs) part_core v1-graphs "v1-graphs" ;;
     core-eager) part_core eager "v1-eager or v2-eager" ;;

@@ -316,6 +316,13 @@ def run_one(scenario: str, demo_dir: str) -> dict:
         res["workers"] = llm.collective_rpc("omni_state")
         shutdown(llm)
         return res
+    if scenario == "omni-plain-thinker":  # a stock vLLM class (LlamaForCausalLM) on the omni runner
+        stock = stock_thinker_view(thinker, os.path.join(demo_dir, "thinker-stock"))
+        llm = omni_engine(stock)
+        res = thinker_batch(llm)
+        res["workers"] = llm.collective_rpc("omni_state")
+        shutdown(llm)
+        return res
     if scenario == "omni-thinker-tp2":
         llm = omni_engine(thinker, tensor_parallel_size=2)
         prompts, params = sampling_batch()

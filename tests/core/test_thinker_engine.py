@@ -43,6 +43,25 @@ def test_same_tokens_and_logprobs_as_stock_vllm(run_scenario, test_device, varia
     _assert_same_outputs(stock_run["outputs"], omni_run["outputs"])
 
 
+def test_a_stock_model_on_the_omni_runner_gives_stock_tokens_and_logprobs(run_scenario, test_device, variant):
+    """vLLM's own LlamaForCausalLM (the thinker's weights) under the omni runner and under vLLM's stock runner,
+    the same batches: bit for bit equal. On V2 the omni runner keeps the ModelState vLLM built for it
+    (``core.runner.model_state.needs_omni_state``): nothing omni runs in its steps."""
+    stock_run = run_scenario("stock-thinker", variant=variant)
+    plain = run_scenario("omni-plain-thinker", variant=variant)
+    assert stock_run["config"] == plain["config"]
+    _assert_same_outputs(stock_run["outputs"], plain["outputs"])
+    omni = run_scenario("omni-thinker", variant=variant)
+    v2 = plain["config"]["use_v2_model_runner"]
+    for w, o in zip(plain["workers"], omni["workers"]):
+        assert w["runner_cls"].startswith("OmniAR"), w
+        if v2:  # vLLM's own state for the stock class; the omni one composed over it for the omni thinker
+            assert w["model_state_mro"][0] == "DefaultModelState", w
+            assert o["model_state_mro"][:3] == ["OmniARModelState", "OmniModelStateMixin", "DefaultModelState"], o
+        else:
+            assert w["model_state_mro"] is None and o["model_state_mro"] is None, (w, o)
+
+
 def _assert_same_outputs(stock: list, omni: list) -> None:
     assert len(stock) == len(omni) == 8
     lengths = {len(o["prompt_token_ids"]) for o in omni}
