@@ -42,7 +42,7 @@ def _median_pair(fn_raw, fn_drv, reps):
 
 
 def bench_graph(backend, torch, reps, iters, hidden=2048, batch=8, layers=4):
-    from omni_backends.torch_device import StaticGraph
+    from bench.static_graph import StaticGraph
 
     dev = backend.device()
     g = torch.Generator(device=dev).manual_seed(0)

@@ -6,7 +6,7 @@ The demo talker's MTP head (``core.models.demo.DemoTalkerMTP``, weights
 ``mtp.*`` from the demo talker's safetensors, model dtype fp32) runs once per
 talker decode step on ``[batch, H]`` hidden states and the sampled codebook-0
 ids. Per batch size: the eager module call vs a replay of one graph captured
-over persistent inputs (``omni_backends.torch_device.StaticGraph`` on the
+over persistent inputs (``bench.static_graph.StaticGraph`` on the
 driver's graph primitive -- the torch-level primitive vLLM's
 ``CUDAGraphWrapper``, which the engine uses, is built on), each followed by a
 device synchronize; ``reps`` interleaved blocks of ``iters`` calls, median
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from core.models.create import create_demo_models
     from omni_backends.registry import select
-    from omni_backends.torch_device import StaticGraph
+    from bench.static_graph import StaticGraph
 
     backend = select(args.device).backend
     demo = args.demo_dir or os.path.join(tempfile.mkdtemp(prefix="bench-mtp-"), "demo")

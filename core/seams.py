@@ -277,4 +277,4 @@ CONTRACT = SeamContract(name="core", root=ROOT, v1=V1, v2=V2, symbols=SYMBOLS)
 """The core's seam contract (entry point ``omni_backends.seam_contracts``: ``core``)."""
 
 __all__ = ["ASYNC_OUTPUT", "CONTRACT", "IMPORTED", "MODEL_CALL_FORMS", "MODEL_OUTPUT_ADAPTER", "ROOT", "SYMBOLS", "V1",
-           "V1_SYMBOLS", "V2", "V2_SYMBOLS"]
+           "V1_SEAMS", "V1_SYMBOLS", "V2", "V2_RUNNER_SEAMS", "V2_STATE_SEAMS", "V2_SYMBOLS"]

@@ -1,4 +1,4 @@
-"""``omni_backends.torch_device.StaticGraph`` (one captured graph over persistent inputs, with the debug-mode
+"""``bench.static_graph.StaticGraph`` (one captured graph over persistent inputs, with the debug-mode
 address check) on the ``--device`` driver's graph primitive (the kit's ``backend``; ``pytest --device cuda
 -m device_tier`` on the H200); skips on a driver without static graphs.
 
@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from omni_backends.torch_device import StaleGraphInputError, StaticGraph  # noqa: E402
+from bench.static_graph import StaleGraphInputError, StaticGraph  # noqa: E402
 
 pytestmark = pytest.mark.device_tier
 

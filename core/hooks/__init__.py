@@ -4,6 +4,7 @@
   checked once per model;
 - :mod:`core.hooks.batch`: :class:`BatchView`, the scheduled batch as V1 and V2 see it;
 - :mod:`core.hooks.talker_mtp`: the talker MTP on persistent buffers;
+- :mod:`core.hooks.graphs`: graph policy (when the omni parts run in graphs, the talker MTP's graphs);
 - :mod:`core.hooks.omni_hooks`: :class:`OmniHooks`, the protocol.
 """
 

@@ -66,11 +66,3 @@ class BatchView:
         count = max(0, min(end - start, int(self.num_prompt[i]) - first))
         return start, first, count
 
-    def samples(self, i: int) -> bool:
-        """True if request i's last scheduled token is past its prompt (a token is sampled)."""
-        start, end = self.span(i)
-        return int(self.num_computed[i]) + (end - start) >= int(self.num_prompt[i])
-
-    def completes_prefill(self, i: int) -> bool:
-        start, end = self.span(i)
-        return int(self.num_computed[i]) < int(self.num_prompt[i]) <= int(self.num_computed[i]) + (end - start)

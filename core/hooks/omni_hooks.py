@@ -345,11 +345,6 @@ class OmniHooks:
             return as_omni_output(make(omni.text_hidden_states, **(model_kwargs or {})))
         return omni
 
-    def text_hidden_states(self, output: Any, model_kwargs: dict[str, Any] | None = None) -> Any:
-        """What vLLM's logits path gets from a forward result: the text hidden states."""
-        omni = as_omni_output(output)
-        return omni.text_hidden_states if omni is not None else output
-
     def process_model_output(self, output: Any, batch: BatchView, model_kwargs: dict[str, Any] | None = None) -> Any:
         """After a real step's forward: normalise the output
         (:meth:`normalize_output`), run the model's ``postprocess`` per request on

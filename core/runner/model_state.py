@@ -23,26 +23,8 @@ stock V2. Seams whose spelling differs across vLLM versions are one
 ``VendorSymbol`` with ``alternatives`` in :mod:`core.seams`; no code here branches
 on a version.
 
-=================================  ============================================
-V2 ``ModelState`` seam             omni hook
-=================================  ============================================
-(runner ``load_model``)            ``bind_model`` (MTP graph wrap via Backend)
-``add_request``                    ``on_new_requests``
-``remove_request``                 ``on_finished_requests`` (also preemption)
-``prepare_inputs_embeds``          ``prepare_prefill_embeds`` (when vLLM builds
-(0.26: ``get_mm_embeddings``)      ``inputs_embeds``: multimodal / prompt embeds)
-``prepare_inputs``                 ``prepare_prefill_embeds`` and the model's
-                                   ``preprocess`` + talker MTP (decode rows) into a
-                                   persistent ``inputs_embeds`` buffer;
-                                   ``build_extra_kwargs``
-model forward hook                 ``core.model_io.ModelOutputAdapter``: every
-                                   call returns the text hidden states
-runner ``sampler`` (wrapped)       ``process_model_output`` (``postprocess``,
-                                   multimodal outputs) before sampling
-                                   (:class:`OmniSampler`)
-runner ``capture_model``           talker-MTP FULL graphs, one per capture size
-                                   (:mod:`core.hooks.graphs`)
-=================================  ============================================
+Which hook runs in which ``ModelState`` / runner seam is the V1/V2 x hook table
+of ``docs/core-runner.md`` (checked against :mod:`core.seams` by ``tests/test_docs.py``).
 
 Graphs. Everything a FULL graph reads or writes lives in persistent buffers
 written in place: ``inputs_embeds`` ``[max_num_tokens, H]``; the model's text

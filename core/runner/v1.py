@@ -4,24 +4,9 @@
 ``backend.model_runner_base(v2=False)`` at run time (``type(name, (mixin, base), {...})``),
 the driver's :class:`~omni_backends.backend.Backend` passed in as the class's ``omni_backend``.
 The mixin overrides only narrow seams of vLLM's ``GPUModelRunner`` (which the
-CPU, XPU and Ascend V1 runners subclass) and calls :class:`~core.hooks.OmniHooks`:
-
-==========================  ==============================================
-upstream seam               omni hook
-==========================  ==============================================
-``load_model``              ``bind_model`` (contract; MTP buffers, graph
-                            wrapping via Backend);
-                            :class:`~core.model_io.ModelOutputAdapter` on the
-                            model (every vLLM call of it gets a tensor)
-``_update_states``          ``on_finished_requests``, ``on_new_requests``
-``_preprocess``             model ``preprocess`` every step + talker MTP on
-                            decode rows (``preprocess``),
-                            ``prepare_prefill_embeds``, ``build_extra_kwargs``
-``_model_forward``          ``process_model_output`` (adapter's outputs;
-                            ``make_omni_output``, ``postprocess``)
-``sample_tokens``           ``get_model_runner_output`` (OmniModelRunnerOutput,
-                            async: ``core.model_io.omni_runner_output``)
-==========================  ==============================================
+CPU, XPU and Ascend V1 runners subclass) and calls :class:`~core.hooks.OmniHooks`
+in them; which hook runs in which seam is the V1/V2 x hook table of
+``docs/core-runner.md`` (checked against :mod:`core.seams` by ``tests/test_docs.py``).
 
 No body of ``execute_model``, ``_dummy_run`` or ``sample_tokens`` is copied.
 What these seams rely on in the base runner is declared in :mod:`core.seams` (``V1_SYMBOLS``, ``V1``);
@@ -40,6 +25,7 @@ from core.hooks.graphs import capture_talker_mtp, talker_mtp_buffers
 from core.kinds import AR, KINDS
 from core.model_io import ModelOutputAdapter, omni_runner_output
 from omni_backends.backend import Backend
+
 
 class OmniV1RunnerMixin:
     """Omni hooks on a V1 ``GPUModelRunner`` subclass (see module docstring)."""

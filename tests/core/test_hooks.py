@@ -52,7 +52,7 @@ def sampling(max_tokens=8, payload=None):
 
 
 # ---------------------------------------------------------------- BatchView
-def test_batch_view_spans_prefill_rows_and_sampling():
+def test_batch_view_spans_and_prefill_rows():
     b = batch()
     assert b.num_reqs == 5
     assert [b.span(i) for i in range(5)] == [(0, 1), (1, 9), (9, 13), (13, 16), (16, 24)]
@@ -64,15 +64,11 @@ def test_batch_view_spans_prefill_rows_and_sampling():
         (13, 0, 3),
         (16, 0, 5),  # only the 5 prompt rows, not the 3 recomputed output tokens
     ]
-    assert [b.samples(i) for i in range(5)] == [True, False, True, True, True]
-    assert [b.completes_prefill(i) for i in range(5)] == [False, False, True, True, True]
 
 
-def test_batch_view_chunk_ending_exactly_one_before_the_prompt_end_does_not_sample():
+def test_batch_view_prefill_rows_of_a_chunk_ending_one_before_the_prompt_end():
     b = batch(ids=["a", "b"], prompt=[9, 9], computed=[0, 0], scheduled=[8, 9])
-    assert (b.samples(0), b.completes_prefill(0)) == (False, False)
-    assert (b.samples(1), b.completes_prefill(1)) == (True, True)
-    assert b.prefill_rows(1) == (8, 0, 9)
+    assert b.prefill_rows(0) == (0, 0, 8) and b.prefill_rows(1) == (8, 0, 9)
 
 
 # ------------------------------------------------- on_new_requests / payloads

@@ -149,7 +149,7 @@ def test_static_mtp_under_real_graph_replay_equals_eager(graph_device):
     eager head's on the same rows."""
     from core.hooks import TalkerMTP
     from omni_backends.backend import capture_sizes
-    from omni_backends.torch_device import StaticGraph
+    from bench.static_graph import StaticGraph
 
     dev, hidden_size, vocab, max_reqs = graph_device.device(), 256, 512, 24
     torch.manual_seed(0)
