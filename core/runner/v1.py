@@ -15,14 +15,14 @@ graph policy (the talker MTP's graphs) is :mod:`core.hooks.graphs`.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
 
 from core.hooks import BatchView, OmniHooks
 from core.hooks.graphs import capture_talker_mtp, talker_mtp_buffers
-from core.kinds import AR, KINDS
+from core.kinds import AR
+from core.runner.classes import omni_runner_class
 from core.model_io import ModelOutputAdapter, omni_runner_output
 from omni_backends.backend import Backend
 
@@ -126,14 +126,11 @@ class OmniV1RunnerMixin:
         return omni_runner_output(out, self.omni_hooks)  # async outputs: a real AsyncModelRunnerOutput
 
 
-@functools.lru_cache(maxsize=None)
 def v1_runner_class(base: type, kind: str, backend: Backend) -> type:
-    """``OmniV1RunnerMixin`` over the driver's V1 runner ``base``, for ``backend``
-    (one class per ``(base, kind, backend)``). Raises ``ValueError`` for an unknown ``kind``."""
-    if kind not in KINDS:
-        raise ValueError(f"runner kind must be one of {KINDS}, got {kind!r}")
-    name = f"Omni{'AR' if kind == AR else 'Generation'}{base.__name__}"
-    return type(name, (OmniV1RunnerMixin, base), {"omni_kind": kind, "omni_backend": backend, "__module__": __name__})
+    """``OmniV1RunnerMixin`` over the driver's V1 runner ``base``, for ``backend`` (one class per
+    ``(base, kind, backend)``, :func:`core.runner.classes.omni_runner_class`). Raises ``ValueError`` for an
+    unknown ``kind``."""
+    return omni_runner_class(OmniV1RunnerMixin, base, kind, backend)
 
 
 __all__ = ["OmniV1RunnerMixin", "v1_runner_class"]

@@ -21,11 +21,11 @@ The vLLM symbols are declared in :mod:`core.seams` (``V2_SYMBOLS``, ``V2``).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from core.hooks.graphs import capture_talker_mtp
-from core.kinds import AR, KINDS
+from core.kinds import AR
+from core.runner.classes import omni_runner_class
 from core.runner.model_state import OmniModelStateMixin, OmniSampler, compose_model_state, needs_omni_state
 from omni_backends.backend import Backend
 
@@ -85,14 +85,11 @@ class OmniV2RunnerMixin:
         return omni_runner_output(super().sample_tokens(grammar_output), self.omni_hooks)  # type: ignore[misc]
 
 
-@functools.lru_cache(maxsize=None)
 def v2_runner_class(base: type, kind: str, backend: Backend) -> type:
-    """``OmniV2RunnerMixin`` over the driver's V2 runner ``base``, for ``backend``
-    (one class per ``(base, kind, backend)``). Raises ``ValueError`` for an unknown ``kind``."""
-    if kind not in KINDS:
-        raise ValueError(f"runner kind must be one of {KINDS}, got {kind!r}")
-    name = f"Omni{'AR' if kind == AR else 'Generation'}{base.__name__}"
-    return type(name, (OmniV2RunnerMixin, base), {"omni_kind": kind, "omni_backend": backend, "__module__": __name__})
+    """``OmniV2RunnerMixin`` over the driver's V2 runner ``base``, for ``backend`` (one class per
+    ``(base, kind, backend)``, :func:`core.runner.classes.omni_runner_class`). Raises ``ValueError`` for an
+    unknown ``kind``."""
+    return omni_runner_class(OmniV2RunnerMixin, base, kind, backend)
 
 
 __all__ = ["OmniV2RunnerMixin", "v2_runner_class"]
