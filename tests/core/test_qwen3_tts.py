@@ -189,6 +189,19 @@ def test_talker_frames_feed_code2wav(scenario, test_device, variant) -> None:
         assert int(sr) == tiny.SAMPLE_RATE
 
 
+def test_vllm_omnis_talker_class_composes_with_vllms_v2_state(scenario, variant) -> None:
+    """vLLM's real V2 DefaultModelState built for the unchanged vLLM-Omni talker (on the V1 engine's loaded model)
+    composes with the omni hooks: the composed class over DefaultModelState, the talker MTP and preprocess bound,
+    the persistent inputs_embeds buffer [max_num_tokens, H] allocated (the talker feeds prompt embeddings)."""
+    if not variant.startswith("v1-"):
+        pytest.skip("a V2 engine composes its own state: test_vllm_omnis_classes_on_v2_give_v1s_codes_and_waveforms")
+    r = scenario("talker", variant)["v2_state_over_v1_engine"]
+    assert r["needs_omni_state"] is True
+    assert r["mro"][:3] == ["OmniARModelState", "OmniModelStateMixin", "DefaultModelState"]
+    assert r["contract_talker_mtp"] and r["uses_preprocess"]
+    assert r["inputs_embeds_buffer"] is not None and len(r["inputs_embeds_buffer"]) == 2
+
+
 def test_vllm_omnis_classes_on_v2_give_v1s_codes_and_waveforms(scenario, test_device, variant) -> None:
     """The same unchanged vLLM-Omni classes and weights under the omni V1 and V2 runners (same graph mode):
     tokens and codes bit for bit, waveforms bit for bit; on V2 the omni state is composed over vLLM's."""
