@@ -362,6 +362,13 @@ def compose_model_state(state: Any, backend: Any, kind: str) -> OmniModelStateMi
     whatever binding raises; in both cases ``state`` is left exactly as it was."""
     base = type(state)
     cls = omni_state_cls(base, kind)
+    clash = sorted(n for n in vars(state) if n in OMNI_STATE_NAMES)
+    if clash and not isinstance(state, OmniModelStateMixin):  # set by the base's __init__: bind_omni would overwrite
+        raise ModelStateCompositionError(
+            f"cannot compose the omni hooks (core.runner.model_state.OmniModelStateMixin) with the model state "
+            f"{base.__module__}.{base.__qualname__}: its instance sets {', '.join(clash)}, which the omni hooks set "
+            "differently (rename them in the state class). Fix the state class, or run this model on vLLM's V1 "
+            "runner (VLLM_USE_V2_MODEL_RUNNER=0)")
     before = dict(vars(state))
     if cls is not base:
         try:

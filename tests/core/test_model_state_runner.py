@@ -266,9 +266,17 @@ def test_v2_runner_refuses_a_state_it_cannot_compose_naming_both_classes_and_lea
     class NotAState:
         model = TinyTalker()
 
-    for built, why in ((NotAState(), "not a subclass of vLLM's"), (None, "defines on_sampled")):
+    class StateSettingTalkerMTP(DefaultModelState):  # its __init__ sets an attribute the omni hooks set too
+        def __init__(self, *a):
+            super().__init__(*a)
+            self.talker_mtp = "mine"
+
+    for built, why in ((NotAState(), "not a subclass of vLLM's"), (None, "defines on_sampled"),
+                       ("instance", "instance sets talker_mtp")):
         if built is None:
             built = ClashingState(vllm_config, TinyTalker(), None, torch.device("cpu"))
+        elif built == "instance":
+            built = StateSettingTalkerMTP(vllm_config, TinyTalker(), None, torch.device("cpu"))
         before, cls = dict(vars(built)), type(built)
 
         class Base:
@@ -277,7 +285,7 @@ def test_v2_runner_refuses_a_state_it_cannot_compose_naming_both_classes_and_lea
 
         runner = type("R", (OmniV2RunnerMixin, Base), {"omni_backend": cpu_selected})()
         with pytest.raises(ModelStateCompositionError, match=rf"OmniModelStateMixin\) with the model state "
-                                                             rf".*{cls.__name__}: it .*{why}.*VLLM_USE_V2_MODEL_RUNNER=0"):
+                                                             rf".*{cls.__name__}: it.*{why}.*VLLM_USE_V2_MODEL_RUNNER=0"):
             runner.load_model()
         assert type(built) is cls and vars(built) == before and not hasattr(runner.sampler, "state")
 
