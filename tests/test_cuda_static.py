@@ -44,6 +44,7 @@ EXPECTED = {
     "SET_FORWARD_CONTEXT": "vllm.forward_context.set_forward_context",
     "CUDAGRAPH_MODE": "vllm.config.CUDAGraphMode",
     "CUDA_GRAPH_WRAPPER": "vllm.compilation.cuda_graph.CUDAGraphWrapper",
+    "CUDA_GRAPH_ENTRIES": "vllm.compilation.cuda_graph.CUDAGraphWrapper.concrete_cudagraph_entries",
     "GRAPH_CAPTURE": "vllm.distributed.parallel_state.graph_capture",
     "SAMPLER": "vllm.v1.sample.sampler.Sampler",
     "SAMPLER_SAMPLE": "vllm.v1.sample.sampler.Sampler.sample",
