@@ -68,3 +68,28 @@ def test_v2_symbols_have_no_drift_against_vllm_0_33_source():
     assert not report.drift, [f.to_json() for f in report.drift]
 
 
+
+
+def test_a_vllm_whose_model_state_resolution_changes_shape_is_reported_naming_the_seam(tmp_path):
+    """A vLLM whose ``resolve_model_state_cls`` and ``init_model_state`` change shape (here: a renamed ``model``
+    and a new required parameter) is drift, reported under the declared seam with the alternative tried."""
+    from core.seams import RESOLVE_MODEL_STATE_CLS
+
+    pkg = tmp_path / "vllm" / "v1" / "worker" / "gpu" / "model_states"
+    pkg.mkdir(parents=True)
+    for d in (tmp_path / "vllm", tmp_path / "vllm" / "v1", tmp_path / "vllm" / "v1" / "worker",
+              tmp_path / "vllm" / "v1" / "worker" / "gpu"):
+        (d / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text(
+        "def init_model_state(vllm_config, module, encoder_cache, device, runner):\n"
+        "    return module.get_model_state_cls()\n\n\n"
+        "def resolve_model_state_cls(vllm_config, module, runner):\n"
+        "    return module.get_model_state_cls()\n")
+    from omni_backends.drift import Declared, SourceResolver, SourceTree, check_declarations
+
+    report = check_declarations("core-v2", [Declared("RESOLVE_MODEL_STATE_CLS", RESOLVE_MODEL_STATE_CLS, ())],
+                                SourceResolver([SourceTree(str(tmp_path))]))
+    assert report.drift, "a changed shape must be drift"
+    messages = " ".join(f.message for f in report.drift)
+    assert all(f.target == "vllm.v1.worker.gpu.model_states.resolve_model_state_cls" for f in report.drift)
+    assert "model" in messages and "alternatives tried: vllm.v1.worker.gpu.model_states.init_model_state" in messages
