@@ -61,6 +61,15 @@ log = logging.getLogger(__name__)
 class ModelStateCompositionError(OmniBackendError):
     """The omni hooks cannot be composed with a model state class (raised at load, naming both classes)."""
 
+    @classmethod
+    def for_state(cls, base: type, why: str) -> "ModelStateCompositionError":
+        """The error for state class ``base``: ``why`` it cannot be composed, and the fix."""
+        return cls(
+            f"cannot compose the omni hooks (core.runner.model_state.OmniModelStateMixin) with the model state "
+            f"{getattr(base, '__module__', '?')}.{getattr(base, '__qualname__', base)}: {why}. Fix the state class, "
+            "or run this model on vLLM's V1 runner (VLLM_USE_V2_MODEL_RUNNER=0)"
+        )
+
 
 #: the vLLM ``ModelState`` methods the omni state overrides (each calls the base's through ``super()``)
 STATE_SEAMS = ("add_request", "remove_request", "prepare_inputs", "prepare_dummy_inputs")
@@ -335,11 +344,7 @@ def omni_state_cls(base: type, kind: str = AR) -> type:
         return base
     why = _why_not_composable(base)
     if why is not None:
-        raise ModelStateCompositionError(
-            f"cannot compose the omni hooks (core.runner.model_state.OmniModelStateMixin) with the model state "
-            f"{getattr(base, '__module__', '?')}.{getattr(base, '__qualname__', base)}: {why}. Fix the state class, "
-            "or run this model on vLLM's V1 runner (VLLM_USE_V2_MODEL_RUNNER=0)"
-        )
+        raise ModelStateCompositionError.for_state(base, why)
     seam = MS_PREPARE_INPUTS_EMBEDS.resolve_spelling()[0].attr_name  # prepare_inputs_embeds / get_mm_embeddings
     default = base is DEFAULT_MODEL_STATE.resolve()
     name = f"Omni{'AR' if kind == AR else 'Generation'}ModelState" if default else f"Omni{base.__name__}"
@@ -364,20 +369,15 @@ def compose_model_state(state: Any, backend: Any, kind: str) -> OmniModelStateMi
     cls = omni_state_cls(base, kind)
     clash = sorted(n for n in vars(state) if n in OMNI_STATE_NAMES)
     if clash and not isinstance(state, OmniModelStateMixin):  # set by the base's __init__: bind_omni would overwrite
-        raise ModelStateCompositionError(
-            f"cannot compose the omni hooks (core.runner.model_state.OmniModelStateMixin) with the model state "
-            f"{base.__module__}.{base.__qualname__}: its instance sets {', '.join(clash)}, which the omni hooks set "
-            "differently (rename them in the state class). Fix the state class, or run this model on vLLM's V1 "
-            "runner (VLLM_USE_V2_MODEL_RUNNER=0)")
+        raise ModelStateCompositionError.for_state(
+            base, f"its instance sets {', '.join(clash)}, which the omni hooks set differently (rename them in the "
+            "state class)")
     before = dict(vars(state))
     if cls is not base:
         try:
             state.__class__ = cls
         except TypeError as e:  # an instance layout the composed class does not share
-            raise ModelStateCompositionError(
-                f"cannot compose the omni hooks (core.runner.model_state.OmniModelStateMixin) with the model state "
-                f"{base.__module__}.{base.__qualname__}: {e}. Fix the state class, or run this model on vLLM's V1 "
-                "runner (VLLM_USE_V2_MODEL_RUNNER=0)") from e
+            raise ModelStateCompositionError.for_state(base, str(e)) from e
     try:
         state.bind_omni(backend, kind)
     except BaseException:
