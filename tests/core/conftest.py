@@ -173,6 +173,25 @@ class _Job:
         return self.result
 
 
+def scenario_env(device: str, variant: str, multiprocess: bool, cache_name: str, extra: dict | None = None) -> dict:
+    """The environment of a scenario process: the variant's settings, the engines' precision settings
+    (``tests/core/precision.py``), ``extra``, the test device; off cpu a compile cache of its own
+    (``VLLM_CACHE_ROOT/omni-tests/<cache_name>``: concurrent processes never write one entry twice)."""
+    e = dict(os.environ)
+    e.update(VARIANTS[variant])
+    e.update(ENGINE_PRECISION_ENV)
+    e.update(extra or {})
+    e["OMNI_TEST_DEVICE"] = device
+    e["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
+    e.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if device != "cpu":
+        e["VLLM_CACHE_ROOT"] = os.path.join(os.environ.get("VLLM_CACHE_ROOT") or os.path.expanduser("~/.cache/vllm"),
+                                            "omni-tests", cache_name)
+    e.pop("OMNI_BACKENDS_SELECTION", None)
+    e.pop("OMNI_BACKENDS_DEVICE", None)
+    return e
+
+
 class ScenarioRunner:
     """``run_scenario(name, variant=..., multiprocess=..., env=...)`` -> the scenario's saved dict (cached).
 
@@ -188,19 +207,8 @@ class ScenarioRunner:
 
     # -------------------------------------------------------------- processes
     def _env(self, variant: str, multiprocess: bool, extra: dict | None, scenarios: str = "") -> dict:
-        e = dict(os.environ)
-        e.update(VARIANTS[variant])
-        e.update(ENGINE_PRECISION_ENV)  # what the engines' numerics are (tests/core/precision.py)
-        e.update(extra or {})
-        e["OMNI_TEST_DEVICE"] = self.device
+        e = scenario_env(self.device, variant, multiprocess, f"{variant}-{'mp' if multiprocess else 'inproc'}", extra)
         e["OMNI_TEST_SCENARIOS"] = scenarios
-        e["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
-        e.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        if self.device != "cpu":  # concurrent variants: one compile cache each (no two writers of one entry)
-            e["VLLM_CACHE_ROOT"] = os.path.join(os.environ.get("VLLM_CACHE_ROOT") or os.path.expanduser(
-                "~/.cache/vllm"), "omni-tests", f"{variant}-{'mp' if multiprocess else 'inproc'}")
-        e.pop("OMNI_BACKENDS_SELECTION", None)
-        e.pop("OMNI_BACKENDS_DEVICE", None)
         return e
 
     def _launch(self, key: tuple, scenario: str, variant: str, multiprocess: bool, env: dict | None,

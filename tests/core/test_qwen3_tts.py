@@ -49,8 +49,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory, test_device: str) -> str:
 def scenario(tiny_dir: str, tmp_path_factory: pytest.TempPathFactory, test_device: str, request):
     """``scenario(name, variant)``: the result of ``qwen3_tts_scenarios.py NAME`` in the variant's environment.
     Every (scenario, variant) process of the device starts at the first call and runs concurrently."""
-    from tests.core.conftest import VARIANTS, _need_vllm, variants_for
-    from tests.core.precision import ENGINE_PRECISION_ENV
+    from tests.core.conftest import _need_vllm, scenario_env, variants_for
 
     _need_vllm(test_device)
     out_dir = tmp_path_factory.mktemp("qwen3tts-out")
@@ -64,16 +63,7 @@ def scenario(tiny_dir: str, tmp_path_factory: pytest.TempPathFactory, test_devic
             for name in SCENARIOS:
                 out = str(out_dir / f"{name}-{variant}.pt")
                 log = os.path.join(log_dir, f"qwen3tts-{name}-{variant}.log")
-                env = dict(os.environ)
-                env.pop("OMNI_BACKENDS_SELECTION", None)
-                env.pop("OMNI_BACKENDS_DEVICE", None)
-                env.update(VARIANTS[variant])
-                env.update(ENGINE_PRECISION_ENV)
-                env["OMNI_TEST_DEVICE"] = test_device
-                env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-                if test_device != "cpu":  # concurrent processes: a compile cache each
-                    env["VLLM_CACHE_ROOT"] = os.path.join(os.environ.get("VLLM_CACHE_ROOT") or os.path.expanduser(
-                        "~/.cache/vllm"), "omni-tests", f"qwen3tts-{name}-{variant}")
+                env = scenario_env(test_device, variant, False, f"qwen3tts-{name}-{variant}")
                 with open(log, "w") as f:
                     procs[(name, variant)] = (subprocess.Popen(
                         [sys.executable, os.path.join(HERE, "qwen3_tts_scenarios.py"), name, tiny_dir, out],
