@@ -27,7 +27,8 @@ import msgspec
 import torch
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
-from vllm.v1.engine.output_processor import OutputProcessor
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.output_processor import OutputProcessor, RequestOutputCollector
 
 from core.kinds import AR, GENERATION
 from core.outputs import merge_step_outputs
@@ -113,33 +114,73 @@ class OmniScheduler:
         return omni_scheduler_cls(scheduler_base(vllm_config))(*args, **kwargs)
 
 
+@functools.lru_cache(maxsize=None)
+def _omni_state_cls(base: type) -> type:
+    """:class:`OmniRequestState` over vLLM's ``RequestState`` class ``base``."""
+    return type(f"Omni{base.__name__}", (OmniRequestState, base), {"__module__": __name__})
+
+
+class OmniRequestState:
+    """Mixed over vLLM's per-request ``RequestState`` (``vllm.v1.engine.output_processor``) by
+    :class:`OmniOutputProcessor`: holds the request's multimodal steps not yet handed out and sets
+    ``RequestOutput.multimodal_outputs`` on every output vLLM makes for it (``make_request_output``: the
+    outputs of ``process_outputs`` and the final one of an abort). The steps live on the state, so vLLM frees
+    them when it frees the state (request finished or aborted).
+
+    ``RequestOutputKind.DELTA``: the steps since the previous output; ``CUMULATIVE`` / ``FINAL_ONLY``: every
+    step so far (merged once and kept: later steps append to the merged dict)."""
+
+    omni_steps: list[dict[str, torch.Tensor]]
+
+    def omni_take(self) -> dict[str, torch.Tensor]:
+        steps = self.omni_steps
+        if len(steps) > 1:
+            steps[:] = [merge_step_outputs(steps)]
+        mm = dict(steps[0]) if steps else {}
+        if getattr(self, "output_kind", None) == RequestOutputKind.DELTA:
+            self.omni_steps = []
+        return mm
+
+    def make_request_output(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().make_request_output(*args, **kwargs)  # type: ignore[misc]
+        if out is not None and not hasattr(out, "multimodal_outputs") and hasattr(out, "outputs"):
+            out.multimodal_outputs = self.omni_take()
+        return out
+
+
+class OmniRequestOutputCollector(RequestOutputCollector):
+    """vLLM's per-request queue of ``AsyncLLM`` (``RequestOutputCollector``), keeping multimodal outputs when
+    it merges a new output into one the consumer has not taken yet (``RequestOutput.add``, which knows only
+    the text fields): ``DELTA`` concatenates them along dim 0, the other kinds keep the newer (it holds every
+    step). Set on each request's queue by :meth:`OmniOutputProcessor.add_request`."""
+
+    def put(self, output: Any) -> None:
+        prev = self.output
+        super().put(output)
+        if prev is None or prev is output or self.output is not prev or isinstance(output, Exception):
+            return
+        new = getattr(output, "multimodal_outputs", None) or {}
+        if self.aggregate:
+            old = getattr(prev, "multimodal_outputs", None) or {}
+            prev.multimodal_outputs = merge_step_outputs([old, new]) if old and new else dict(old or new)
+        elif hasattr(output, "multimodal_outputs"):
+            prev.multimodal_outputs = new
+
+
 class OmniOutputProcessor(OutputProcessor):
-    """``OutputProcessor`` that accumulates multimodal outputs per request and
-    exposes them as ``RequestOutput.multimodal_outputs``."""
-
-    _omni_acc: dict[str, list[dict[str, torch.Tensor]]]
-
-    def _acc(self) -> dict[str, list[dict[str, torch.Tensor]]]:
-        if not hasattr(self, "_omni_acc"):
-            self._omni_acc = {}
-        return self._omni_acc
+    """``OutputProcessor`` that gives each request's outputs ``RequestOutput.multimodal_outputs`` (name ->
+    tensor, the engine steps' outputs concatenated along dim 0), for ``vllm.LLM`` (outputs returned by
+    ``process_outputs``) and ``AsyncLLM`` (outputs put on the request's ``RequestOutputCollector``) alike:
+    the steps are kept on the request's state (:class:`OmniRequestState`), the queue keeps them when it merges
+    (:class:`OmniRequestOutputCollector`)."""
 
     def process_outputs(self, engine_core_outputs: list[Any], *args: Any, **kwargs: Any) -> Any:
-        acc = self._acc()
         for eco in engine_core_outputs:
             mm = getattr(eco, "multimodal_outputs", None)
             state = self.request_states.get(eco.request_id) if mm else None
-            if state is not None:  # key by the caller's (external) request id
-                acc.setdefault(state.external_req_id, []).append(mm)
-        result = super().process_outputs(engine_core_outputs, *args, **kwargs)
-        for ro in result.request_outputs:
-            steps = acc.get(ro.request_id)
-            if steps and len(steps) > 1:  # merge once and keep the result: later steps append to it
-                steps[:] = [merge_step_outputs(steps)]
-            ro.multimodal_outputs = dict(steps[0]) if steps else {}
-            if ro.finished:
-                acc.pop(ro.request_id, None)
-        return result
+            if state is not None and hasattr(state, "omni_steps"):
+                state.omni_steps.append(mm)
+        return super().process_outputs(engine_core_outputs, *args, **kwargs)
 
     #: runner kind of the engine this front end feeds (set by :func:`attach_omni_frontend`)
     omni_kind: str = AR
@@ -162,15 +203,15 @@ class OmniOutputProcessor(OutputProcessor):
                 validate(unpack(extra.get(EXTRA_ARGS_KEY)), len(request.prompt_token_ids or ()))
             except ValueError as exc:
                 raise ValueError(f"request {request.request_id}: {exc}") from None
-        return super().add_request(request, *args, **kwargs)
-
-    def abort_requests(self, request_ids: Any, *args: Any, **kwargs: Any) -> Any:
-        request_ids = list(request_ids)
-        acc = self._acc()
-        for r in request_ids:
-            state = self.request_states.get(r)
-            acc.pop(state.external_req_id if state is not None else r, None)
-        return super().abort_requests(request_ids, *args, **kwargs)
+        queue = kwargs.get("queue", args[3] if len(args) > 3 else None)
+        if type(queue) is RequestOutputCollector:
+            queue.__class__ = OmniRequestOutputCollector
+        result = super().add_request(request, *args, **kwargs)
+        state = self.request_states.get(request.request_id)
+        if state is not None and not isinstance(state, OmniRequestState):
+            state.__class__ = _omni_state_cls(type(state))
+            state.omni_steps = []
+        return result
 
 
 def _payload_validator(engine: Any) -> Any:
@@ -190,15 +231,20 @@ def _payload_validator(engine: Any) -> Any:
 
 
 def attach_omni_frontend(llm: Any, kind: str = AR) -> Any:
-    """Make a ``vllm.LLM``'s front end understand omni outputs (see module doc).
+    """Make the front end of a ``vllm.LLM`` or an ``AsyncLLM`` (``vllm.v1.engine.async_llm``) understand omni
+    outputs (see module doc); returns ``llm``.
 
-    Raises ``RuntimeError`` if this vLLM's ``LLMEngine`` lacks the attributes
-    used (``output_processor``; ``engine_core.decoder`` for multiprocess).
+    Reads the engine's ``output_processor`` and ``engine_core`` (``LLM.llm_engine``'s, or the ``AsyncLLM``'s
+    own): the output processor becomes an :class:`OmniOutputProcessor`, a multiprocess client's decoder
+    decodes :class:`OmniEngineCoreOutputs` (the ``MsgpackDecoder`` object is kept and its inner decoder
+    replaced, so an output task that already holds it -- ``AsyncMPClient`` started in a running loop --
+    decodes ours too). Raises ``RuntimeError`` if this vLLM's engine lacks them.
     """
-    engine = llm.llm_engine
+    engine = getattr(llm, "llm_engine", llm)  # vllm.LLM -> its LLMEngine; an AsyncLLM is its own engine
     op = getattr(engine, "output_processor", None)
     if not isinstance(op, OutputProcessor):
-        raise RuntimeError("vLLM's LLMEngine has no OutputProcessor at .output_processor; this vLLM is not supported")
+        raise RuntimeError(f"vLLM's {type(engine).__name__} has no OutputProcessor at .output_processor; this vLLM "
+                           "is not supported")
     if not isinstance(op, OmniOutputProcessor):
         op.__class__ = type("Omni" + type(op).__name__, (OmniOutputProcessor, type(op)), {})
     op.omni_kind = kind

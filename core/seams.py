@@ -69,8 +69,14 @@ ENGINE_CORE_OUTPUT = _cls("vllm.v1.engine", "EngineCoreOutput")
 ENGINE_CORE_OUTPUTS = _cls("vllm.v1.engine", "EngineCoreOutputs")
 OUTPUT_PROCESSOR = _cls("vllm.v1.engine.output_processor", "OutputProcessor")
 MODEL_RUNNER_OUTPUT = _cls("vllm.v1.outputs", "ModelRunnerOutput")
+#: the async engine (``core.stage.make_async_engine``) and its per-request output queue (``core.engine``)
+ASYNC_LLM = _cls("vllm.v1.engine.async_llm", "AsyncLLM")
+ASYNC_ENGINE_ARGS = _cls("vllm.engine.arg_utils", "AsyncEngineArgs")
+REQUEST_OUTPUT_COLLECTOR = _cls("vllm.v1.engine.output_processor", "RequestOutputCollector")
+REQUEST_OUTPUT_KIND = _cls("vllm.sampling_params", "RequestOutputKind")
 IMPORTED = (LLM, SAMPLING_PARAMS, MODEL_REGISTRY, LLAMA_FOR_CAUSAL_LM, HF_CONFIG_REGISTRY, SCHEDULER,
-            ENGINE_CORE_OUTPUT, ENGINE_CORE_OUTPUTS, OUTPUT_PROCESSOR, MODEL_RUNNER_OUTPUT)
+            ENGINE_CORE_OUTPUT, ENGINE_CORE_OUTPUTS, OUTPUT_PROCESSOR, MODEL_RUNNER_OUTPUT, ASYNC_LLM,
+            ASYNC_ENGINE_ARGS, REQUEST_OUTPUT_COLLECTOR, REQUEST_OUTPUT_KIND)
 """Every ``from vllm... import NAME`` in the core, as (module, NAME)."""
 
 # ------------------------------------------------------------------ the engine core and the front end
@@ -80,14 +86,25 @@ ASYNC_MODEL_RUNNER_OUTPUT = _cls("vllm.v1.outputs", "AsyncModelRunnerOutput")
 ASYNC_GET_OUTPUT = VendorSymbol("vllm.v1.outputs", "AsyncModelRunnerOutput.get_output")
 #: vLLM copies a compiled graph's inputs into its static buffers (``core.model_io.copy_graph_inputs``)
 COPY_INPUTS = _attr("vllm.config.compilation", "CompilationConfig.cudagraph_copy_inputs")
-ENGINE_SYMBOLS = (ASYNC_SCHEDULER, ASYNC_SCHEDULING, ASYNC_MODEL_RUNNER_OUTPUT, ASYNC_GET_OUTPUT, COPY_INPUTS)
+#: what the omni front end relies on in vLLM's output processor (``core.engine``): each request's state makes
+#: its outputs (the omni state mixin overrides it), the AsyncLLM queue merges outputs the consumer has not taken
+REQUEST_STATE_MAKE_OUTPUT = VendorSymbol("vllm.v1.engine.output_processor", "RequestState.make_request_output",
+                                         params=("new_token_ids", "pooling_output", "finish_reason", "stop_reason"),
+                                         required=("new_token_ids", "pooling_output", "finish_reason", "stop_reason"))
+REQUEST_STATE_OUTPUT_KIND = _attr("vllm.v1.engine.output_processor", "RequestState.output_kind")
+COLLECTOR_PUT = _call("vllm.v1.engine.output_processor", "RequestOutputCollector.put", "output")
+COLLECTOR_AGGREGATE = _attr("vllm.v1.engine.output_processor", "RequestOutputCollector.aggregate")
+ENGINE_SYMBOLS = (ASYNC_SCHEDULER, ASYNC_SCHEDULING, ASYNC_MODEL_RUNNER_OUTPUT, ASYNC_GET_OUTPUT, COPY_INPUTS,
+                  REQUEST_STATE_MAKE_OUTPUT, REQUEST_STATE_OUTPUT_KIND, COLLECTOR_PUT, COLLECTOR_AGGREGATE)
 
 # ------------------------------------------------------------------ the pipeline's engine lifecycle
 ENGINE_CORE_PROCESSES = _attr("vllm.v1.engine.utils", "CoreEngineProcManager.processes")
 ENGINE_CORE_SHUTDOWN = VendorSymbol("vllm.v1.engine.core_client", "EngineCoreClient.shutdown", required=())
 ENGINE_DEAD_ERROR = _cls("vllm.v1.engine.exceptions", "EngineDeadError")
 SYNC_MP_OUTPUTS_QUEUE = _attr("vllm.v1.engine.core_client", "SyncMPClient.outputs_queue")
-PIPELINE_SYMBOLS = (ENGINE_CORE_PROCESSES, ENGINE_CORE_SHUTDOWN, ENGINE_DEAD_ERROR, SYNC_MP_OUTPUTS_QUEUE)
+ASYNC_LLM_SHUTDOWN = VendorSymbol("vllm.v1.engine.async_llm", "AsyncLLM.shutdown", required=())
+PIPELINE_SYMBOLS = (ENGINE_CORE_PROCESSES, ENGINE_CORE_SHUTDOWN, ENGINE_DEAD_ERROR, SYNC_MP_OUTPUTS_QUEUE,
+                    ASYNC_LLM_SHUTDOWN)
 
 # ------------------------------------------------------------------ graphs (core.hooks.graphs)
 CUDAGRAPH_MODE = _cls("vllm.config", "CUDAGraphMode")

@@ -10,9 +10,10 @@ factory; the demo app's options (``omni-backends run``) are checked with them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from core.kinds import AR, GENERATION, KINDS
 from omni_backends.errors import BadInputError
@@ -158,21 +159,10 @@ def check_engine_choices(choices: EngineChoices, backend: Any, env: Mapping[str,
     return runner
 
 
-def make_engine(model: str, *, kind: str = AR, device: str | None = None, **engine_kwargs: Any) -> Any:
-    """A ``vllm.LLM`` for ``model`` whose workers run the omni runner of ``kind``.
-
-    ``engine_kwargs`` go to ``vllm.LLM`` (e.g. ``dtype``, ``max_model_len``,
-    ``enforce_eager``, ``tensor_parallel_size``). Request outputs carry
-    ``multimodal_outputs`` (name -> tensor, per request).
-    Raises, before vLLM is imported, ``ValueError`` for an unknown ``kind``, an
-    empty ``model`` or a numeric argument out of range (:func:`check_engine_args`),
-    and the registry's errors for the device. A package that raises while being
-    imported (e.g. ``torch_npu`` without CANN) is
-    :class:`~omni_backends.errors.VendorImportError` naming it. A model runner
-    (``VLLM_USE_V2_MODEL_RUNNER``) or a ``compilation_config`` ``cudagraph_mode``
-    the driver cannot run is :class:`~omni_backends.errors.BadInputError` before
-    vLLM starts (:func:`check_engine_choices`).
-    """
+@contextlib.contextmanager
+def _checked_build(model: str, kind: str, device: str | None, engine_kwargs: dict[str, Any]) -> Iterator[Selection]:
+    """The checks every engine factory makes, in order, before any engine starts; yields the selection inside
+    :func:`~omni_backends.probing.blame_import_failures` (the factory imports and builds vLLM's engine there)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if not isinstance(model, str) or not model.strip():
@@ -188,6 +178,25 @@ def make_engine(model: str, *, kind: str = AR, device: str | None = None, **engi
         check_engine_choices(EngineChoices(graph_mode=None if mode is None else str(getattr(mode, "name", mode)),
                                            enforce_eager=bool(engine_kwargs.get("enforce_eager"))), sel.backend,
                              graph_source="compilation_config cudagraph_mode")
+        yield sel
+
+
+def make_engine(model: str, *, kind: str = AR, device: str | None = None, **engine_kwargs: Any) -> Any:
+    """A ``vllm.LLM`` for ``model`` whose workers run the omni runner of ``kind``.
+
+    ``engine_kwargs`` go to ``vllm.LLM`` (e.g. ``dtype``, ``max_model_len``,
+    ``enforce_eager``, ``tensor_parallel_size``). Request outputs carry
+    ``multimodal_outputs`` (name -> tensor, per request).
+    Raises, before vLLM is imported, ``ValueError`` for an unknown ``kind``, an
+    empty ``model`` or a numeric argument out of range (:func:`check_engine_args`),
+    and the registry's errors for the device. A package that raises while being
+    imported (e.g. ``torch_npu`` without CANN) is
+    :class:`~omni_backends.errors.VendorImportError` naming it. A model runner
+    (``VLLM_USE_V2_MODEL_RUNNER``) or a ``compilation_config`` ``cudagraph_mode``
+    the driver cannot run is :class:`~omni_backends.errors.BadInputError` before
+    vLLM starts (:func:`check_engine_choices`).
+    """
+    with _checked_build(model, kind, device, engine_kwargs):
         from vllm.entrypoints.llm import LLM
 
         from core.engine import attach_omni_frontend
@@ -197,4 +206,45 @@ def make_engine(model: str, *, kind: str = AR, device: str | None = None, **engi
             return attach_omni_frontend(llm, kind)
         except BaseException:  # never leave a started engine (and its process) behind
             llm.llm_engine.engine_core.shutdown()
+            raise
+
+
+def make_async_engine(model: str, *, kind: str = AR, device: str | None = None, **engine_kwargs: Any) -> Any:
+    """A vLLM ``AsyncLLM`` (``vllm.v1.engine.async_llm``) for ``model`` whose workers run the omni runner of ``kind``.
+
+    The same checks as :func:`make_engine`, in the same order, before vLLM is
+    imported or started (same errors); then
+    ``AsyncLLM.from_engine_args(AsyncEngineArgs(model, worker_cls=, scheduler_cls=, **engine_kwargs))``
+    and :func:`core.engine.attach_omni_frontend`. ``engine_kwargs`` are
+    ``AsyncEngineArgs`` fields (those ``vllm.LLM`` takes: ``dtype``,
+    ``max_model_len``, ``enforce_eager``, ``compilation_config`` as a dict, ...);
+    ``disable_log_stats`` defaults to ``True`` as ``vllm.LLM``'s does.
+
+    Every ``RequestOutput`` that ``AsyncLLM.generate`` yields carries
+    ``multimodal_outputs`` (name -> tensor, dim 0 = tokens): with
+    ``RequestOutputKind.DELTA`` the steps since the previous output (outputs the
+    caller was too slow to take are merged by vLLM's ``RequestOutputCollector``,
+    their multimodal outputs concatenated with them), otherwise every step so far.
+
+    ``AsyncLLM`` always runs its engine core in a separate process (vLLM 0.32's
+    ``EngineCoreClient.make_async_mp_client``); ``VLLM_ENABLE_V1_MULTIPROCESSING``
+    only decides whether that engine core runs its worker in-process (``uni``
+    executor) or in worker processes. Call it outside a running event loop
+    (e.g. ``asyncio.to_thread``) to start several engines concurrently: vLLM
+    then starts its output tasks on the loop of the first request. Release it
+    with ``AsyncLLM.shutdown()`` (:func:`core.pipeline.release.release_engine`).
+    """
+    with _checked_build(model, kind, device, engine_kwargs):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from core.engine import attach_omni_frontend
+
+        args = AsyncEngineArgs(model=model, worker_cls=WORKER_CLS[kind], scheduler_cls=SCHEDULER_CLS,
+                               **{"disable_log_stats": True, **engine_kwargs})
+        engine = AsyncLLM.from_engine_args(args)
+        try:
+            return attach_omni_frontend(engine, kind)
+        except BaseException:  # never leave a started engine (and its process) behind
+            engine.shutdown()
             raise

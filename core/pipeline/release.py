@@ -8,17 +8,22 @@ import sys
 import time
 from typing import Any
 
-from core.seams import ENGINE_CORE_PROCESSES, ENGINE_CORE_SHUTDOWN
+from core.seams import ASYNC_LLM_SHUTDOWN, ENGINE_CORE_PROCESSES, ENGINE_CORE_SHUTDOWN
 
 # vLLM seams (declared in core.seams): ENGINE_CORE_PROCESSES, the engine-core processes of a multiprocess client
-# (``client.resources.engine_manager.processes``); ENGINE_CORE_SHUTDOWN, ``LLM.llm_engine.engine_core.shutdown()``
+# (``client.resources.engine_manager.processes``); ENGINE_CORE_SHUTDOWN, ``LLM.llm_engine.engine_core.shutdown()``;
+# ASYNC_LLM_SHUTDOWN, ``AsyncLLM.shutdown()``
 
 
 def shutdown_engine(llm: Any) -> None:
-    """Shut down a ``vllm.LLM``'s engine core (its process, in multiprocess mode)
-    through ``LLMEngine.engine_core.shutdown()``; never raises."""
+    """Shut down an engine: a ``vllm.LLM``'s engine core (its process, in multiprocess mode) through
+    ``LLMEngine.engine_core.shutdown()``; an ``AsyncLLM`` through ``AsyncLLM.shutdown()`` (its engine core,
+    then its output handler task cancelled). Never raises."""
     try:
-        llm.llm_engine.engine_core.shutdown()
+        if hasattr(llm, "llm_engine"):
+            llm.llm_engine.engine_core.shutdown()
+        else:
+            llm.shutdown()
     except Exception as exc:  # an engine that died already may fail to shut down: nothing left to release
         print(f"omni-backends: warning: shutting down an engine failed: {type(exc).__name__}: {exc}",
               file=sys.stderr)
@@ -29,10 +34,10 @@ ENGINE_RELEASE_TIMEOUT = 60.0
 
 
 def engine_core_processes(llm: Any) -> list[Any]:
-    """vLLM's ``multiprocessing`` handles of ``llm``'s engine-core processes
-    (``client.resources.engine_manager.processes``); none in-process."""
-    manager = getattr(getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "resources", None),
-                      "engine_manager", None)
+    """vLLM's ``multiprocessing`` handles of the engine-core processes of ``llm`` (a ``vllm.LLM`` or an
+    ``AsyncLLM``: ``client.resources.engine_manager.processes``); none in-process."""
+    engine = getattr(llm, "llm_engine", llm)
+    manager = getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "engine_manager", None)
     return list(getattr(manager, "processes", None) or ())
 
 
