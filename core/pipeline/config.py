@@ -19,6 +19,8 @@ STAGES = ("thinker", "talker", "code2wav")
 ENGINE_KW: dict[str, Any] = dict(dtype="float32", max_num_seqs=8)
 THINKER_MAX_MODEL_LEN = 512
 TALKER_MAX_MODEL_LEN = 1024
+#: talker frames per code2wav request (``--chunk-frames``): audio streams out every this many frames
+DEFAULT_CHUNK_FRAMES = 16
 
 
 def default_model_dir() -> str:
@@ -76,6 +78,8 @@ class RunConfig:
     graph_mode: str | None = None
     #: ``v1`` / ``v2`` sets ``VLLM_USE_V2_MODEL_RUNNER``; ``auto`` keeps vLLM's choice (or the variable if set)
     runner: str = "auto"
+    #: talker frames per code2wav request (the stage graph's chunk schedule; the audio does not depend on it)
+    chunk_frames: int = DEFAULT_CHUNK_FRAMES
 
     def __post_init__(self) -> None:
         self.check()
@@ -86,8 +90,6 @@ class RunConfig:
             raise BadInputError(f"prompt (--prompt) must be text, got {type(self.prompt).__name__}")
         if not self.prompt.strip():
             raise BadInputError("the prompt is empty; pass some text with --prompt")
-        if self.device is not None and not isinstance(self.device, str):
-            raise BadInputError(f"device (--device) must be a driver name or None, got {self.device!r}")
         _check_int(self.voice, "voice", "--voice", 0)
         _check_int(self.max_tokens, "max_tokens", "--max-tokens", 1, THINKER_MAX_MODEL_LEN - 1)
         _check_int(self.seed, "seed", "--seed", 0, MAX_SEED)
@@ -95,20 +97,67 @@ class RunConfig:
             raise BadInputError(f"out (--out) must be a directory path, got {self.out!r}")
         if self.model_dir is not None and (not isinstance(self.model_dir, str) or not self.model_dir.strip()):
             raise BadInputError(f"model_dir (--model-dir) must be a directory path or None, got {self.model_dir!r}")
-        for name, flag in (("multiprocess", "--multiprocess"), ("enforce_eager", "--enforce-eager")):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, bool):
-                raise BadInputError(f"{name} ({flag}) must be True, False or None (the device's default), "
-                                    f"got {value!r}")
-        if self.graph_mode is not None and (not isinstance(self.graph_mode, str)
-                                            or self.graph_mode.strip().upper() not in GRAPH_MODES):
-            raise BadInputError(f"graph_mode (--graph-mode) must be one of {', '.join(GRAPH_MODES)} or None, "
-                                f"got {self.graph_mode!r}")
-        if self.runner not in RUNNERS:
-            raise BadInputError(f"runner (--runner) must be one of {', '.join(RUNNERS)}, got {self.runner!r}")
+        _check_engine_options(self)
+        _check_int(self.chunk_frames, "chunk_frames", "--chunk-frames", 1, TALKER_MAX_MODEL_LEN)
 
 
-def device_defaults(cfg: RunConfig, backend: Any) -> RunConfig:
+def _check_engine_options(cfg: Any) -> None:
+    """The engine options :class:`RunConfig` and :class:`GraphConfig` share; raises :class:`BadInputError`."""
+    if cfg.device is not None and not isinstance(cfg.device, str):
+        raise BadInputError(f"device (--device) must be a driver name or None, got {cfg.device!r}")
+    for name, flag in (("multiprocess", "--multiprocess"), ("enforce_eager", "--enforce-eager")):
+        value = getattr(cfg, name)
+        if value is not None and not isinstance(value, bool):
+            raise BadInputError(f"{name} ({flag}) must be True, False or None (the device's default), "
+                                f"got {value!r}")
+    if cfg.graph_mode is not None and (not isinstance(cfg.graph_mode, str)
+                                       or cfg.graph_mode.strip().upper() not in GRAPH_MODES):
+        raise BadInputError(f"graph_mode (--graph-mode) must be one of {', '.join(GRAPH_MODES)} or None, "
+                            f"got {cfg.graph_mode!r}")
+    if cfg.runner not in RUNNERS:
+        raise BadInputError(f"runner (--runner) must be one of {', '.join(RUNNERS)}, got {cfg.runner!r}")
+
+
+@dataclasses.dataclass
+class GraphConfig:
+    """What :meth:`core.pipeline.graph.StageGraph.start` starts: the three stages' engines.
+
+    ``model_dir``: the demo models (``None``: the cache, created on first use); ``device``: as
+    :class:`RunConfig`'s; ``chunk_frames``: talker frames per code2wav request, 1..TALKER_MAX_MODEL_LEN;
+    ``seed``: the engines' seed, 0..2**32-1 (a request's sampling seed is its own,
+    :class:`~core.pipeline.graph.SpeechRequest`); ``multiprocess``, ``enforce_eager``, ``graph_mode``,
+    ``runner``: as :class:`RunConfig`'s. Checked when made: :class:`BadInputError` naming the field.
+    """
+
+    model_dir: str | None = None
+    device: str | None = None
+    chunk_frames: int = DEFAULT_CHUNK_FRAMES
+    seed: int = 0
+    multiprocess: bool | None = None
+    enforce_eager: bool | None = None
+    graph_mode: str | None = None
+    runner: str = "auto"
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Check every value's type and range (no file system, no vLLM); raises :class:`BadInputError`."""
+        if self.model_dir is not None and (not isinstance(self.model_dir, str) or not self.model_dir.strip()):
+            raise BadInputError(f"model_dir (--model-dir) must be a directory path or None, got {self.model_dir!r}")
+        _check_int(self.chunk_frames, "chunk_frames", "--chunk-frames", 1, TALKER_MAX_MODEL_LEN)
+        _check_int(self.seed, "seed", "--seed", 0, MAX_SEED)
+        _check_engine_options(self)
+
+    @classmethod
+    def of_run(cls, cfg: RunConfig) -> "GraphConfig":
+        """The graph a :class:`RunConfig` runs on (its engine options; its seed also seeds the engines)."""
+        return cls(model_dir=cfg.model_dir, device=cfg.device, chunk_frames=cfg.chunk_frames, seed=cfg.seed,
+                   multiprocess=cfg.multiprocess, enforce_eager=cfg.enforce_eager, graph_mode=cfg.graph_mode,
+                   runner=cfg.runner)
+
+
+def device_defaults(cfg: Any, backend: Any) -> Any:
     """``cfg`` with the device-dependent ``None`` fields filled, from the driver's
     capabilities: a driver that captures graphs (``static_graph_modes``) gets
     vLLM's defaults for its device (multiprocess engine, compilation + graphs,
@@ -123,8 +172,9 @@ def device_defaults(cfg: RunConfig, backend: Any) -> RunConfig:
     )
 
 
-def engine_kw(cfg: RunConfig) -> dict[str, Any]:
-    """``vllm.LLM`` arguments every stage shares for ``cfg`` (after :func:`device_defaults`)."""
+def engine_kw(cfg: Any) -> dict[str, Any]:
+    """Engine arguments every stage shares for ``cfg`` (a :class:`RunConfig` or :class:`GraphConfig`, after
+    :func:`device_defaults`)."""
     kw = dict(ENGINE_KW, seed=cfg.seed)
     if cfg.enforce_eager:
         kw["enforce_eager"] = True

@@ -64,6 +64,33 @@ def _check_out_dir(out: str) -> str:
     return out
 
 
+def validate_models(model_dir: str, backend: Any) -> dict[str, dict[str, Any]]:
+    """Check the demo models in ``model_dir`` before an engine starts; returns stage -> config.json.
+
+    Missing / corrupt ``config.json`` or weights, then a head size the device cannot run
+    (``Backend.check_model_config``): :class:`BadInputError` saying how to recreate them."""
+    if not os.path.isdir(model_dir):
+        raise BadInputError(f"model directory {model_dir} does not exist; create it with: omni-backends demo-model create {model_dir}")
+    configs = {}
+    for stage in STAGES:
+        d = os.path.join(model_dir, stage)
+        configs[stage] = _load_config(d, stage, model_dir)
+        _check_weights(d, stage, model_dir)
+    for stage in STAGES:
+        backend.check_model_config(configs[stage])
+    return configs
+
+
+def check_prompt_fits(n_prompt: int, max_tokens: int, field: str = "--max-tokens") -> None:
+    """:class:`BadInputError` unless a prompt of ``n_prompt`` thinker tokens plus ``max_tokens`` fits the
+    thinker's context (``THINKER_MAX_MODEL_LEN``)."""
+    if n_prompt + max_tokens > THINKER_MAX_MODEL_LEN:
+        raise BadInputError(
+            f"prompt is {n_prompt} tokens; with {field} {max_tokens} that exceeds the thinker's context of "
+            f"{THINKER_MAX_MODEL_LEN} tokens. Shorten the prompt or lower {field}."
+        )
+
+
 def validate(cfg: RunConfig, backend: Any) -> dict[str, dict[str, Any]]:
     """Check every input before an engine starts; returns stage -> config.json.
 
@@ -89,12 +116,7 @@ def validate(cfg: RunConfig, backend: Any) -> dict[str, dict[str, Any]]:
     _check_out_dir(cfg.out)
     for stage in STAGES:
         backend.check_model_config(configs[stage])
-    n_prompt = len(_thinker_tokenizer(model_dir)(cfg.prompt)["input_ids"])
-    if n_prompt + cfg.max_tokens > THINKER_MAX_MODEL_LEN:
-        raise BadInputError(
-            f"prompt is {n_prompt} tokens; with --max-tokens {cfg.max_tokens} that exceeds the thinker's context of "
-            f"{THINKER_MAX_MODEL_LEN} tokens. Shorten the prompt or lower --max-tokens."
-        )
+    check_prompt_fits(len(_thinker_tokenizer(model_dir)(cfg.prompt)["input_ids"]), cfg.max_tokens)
     return configs
 
 
