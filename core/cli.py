@@ -14,14 +14,20 @@ thinker (text -> text + hidden states) -> talker (prompt embeds from the
 thinker's hidden states + a voice id -> codec tokens; residual codebooks from
 its MTP head) -> code2wav (codes -> waveform).
 
+The three stages are vLLM AsyncLLM engines of one stage graph (the one
+`omni-backends serve` serves), started at once; the talker's frames stream to
+code2wav in chunks of --chunk-frames (the audio does not depend on the chunk
+size). Each stage's engine core runs in a process of its own.
+
 Writes into --out: out.wav (mono 16-bit PCM, 16 kHz), thinker.txt,
 codes.json ([T][K] codec tokens) and summary.json (driver and why,
-per-stage token counts, wall and engine start times, peak device memory,
+per-stage token counts, engine start and generation times, the run's wall
+time against 1.25 x (slowest engine start + generation), peak device memory,
 the vLLM settings each engine resolved, talker-MTP mode and graph replays).
 
 On a GPU the engines run with vLLM's defaults for the device (compilation +
-graphs, async scheduling, multiprocess engine), each with a KV cache sized
-for its model; on cpu in-process and eager. --enforce-eager compares eager. Demo models (tiny, random weights,
+graphs, async scheduling), each with a KV cache sized for its model; on cpu
+eager, each stage's worker inside its engine-core process. --enforce-eager compares eager. Demo models (tiny, random weights,
 fixed seed) are created on first run in ~/.cache/omni-backends unless
 --model-dir is given.
 """
@@ -32,7 +38,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     cfg = RunConfig(prompt=args.prompt, device=args.device, voice=args.voice, max_tokens=args.max_tokens,
                     seed=args.seed, out=args.out, model_dir=args.model_dir, multiprocess=args.multiprocess,
-                    enforce_eager=True if args.enforce_eager else None, graph_mode=args.graph_mode, runner=args.runner)
+                    enforce_eager=True if args.enforce_eager else None, graph_mode=args.graph_mode, runner=args.runner,
+                    chunk_frames=args.chunk_frames)
     summary = run_pipeline(cfg)
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -42,7 +49,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"thinker:  {st['thinker']['generated_tokens']} tokens in {st['thinker']['seconds']} s -> {summary['thinker_text']!r}")
         print(f"talker:   {st['talker']['generated_tokens']} frames x {st['talker']['codebooks']} codebooks in {st['talker']['seconds']} s"
               f" (talker MTP: {st['talker']['talker_mtp']})")
-        print(f"code2wav: {st['code2wav']['audio_seconds']} s of audio in {st['code2wav']['seconds']} s")
+        print(f"code2wav: {st['code2wav']['audio_seconds']} s of audio in {st['code2wav']['chunks']} chunks, "
+              f"{st['code2wav']['generation_seconds']} s")
+        cs = summary["concurrent_start"]
+        print(f"engines:  started at once in {cs['graph_start_seconds']} s (one after another: "
+              f"{cs['serial_start_seconds']} s); wall {summary['wall_seconds']} s, bound {cs['bound_seconds']} s")
         print(f"wrote {summary['out_dir']}/out.wav, thinker.txt, codes.json, summary.json ({summary['total_seconds']} s total)")
     return 0
 
@@ -60,8 +71,10 @@ def add_run_command(sub: Any) -> None:
     p.add_argument("--out", default="out", help="output directory (default: %(default)s)")
     p.add_argument("--model-dir", default=None, help="demo models folder (default: created in ~/.cache/omni-backends)")
     p.add_argument("--multiprocess", action=argparse.BooleanOptionalAction, default=None,
-                   help="run each vLLM engine core in its own process (default: on for a GPU, vLLM's default; "
-                        "off on cpu, faster to start)")
+                   help="run each stage's worker in a process of its own, under its engine core (vLLM's mp "
+                        "executor; VLLM_ENABLE_V1_MULTIPROCESSING); the engine cores themselves always run in "
+                        "their own processes (vLLM's AsyncLLM). Default: vLLM's default on a GPU; off on cpu "
+                        "(the worker inside the engine-core process, faster to start)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="no compilation, no graphs (vLLM's enforce_eager; the talker MTP runs eager too), for "
                         "comparison; default: eager on cpu, vLLM's defaults (compilation + graphs) on a GPU")
@@ -71,6 +84,9 @@ def add_run_command(sub: Any) -> None:
     p.add_argument("--runner", choices=("auto", "v1", "v2"), default="auto",
                    help="vLLM model runner: v1, v2 (sets VLLM_USE_V2_MODEL_RUNNER) or auto, vLLM's choice "
                         "(default: %(default)s)")
+    p.add_argument("--chunk-frames", type=int, default=16, metavar="N",
+                   help="talker frames per code2wav request, 1..1024: audio streams out every N frames; the audio "
+                        "itself does not depend on N (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_cmd_run)
 

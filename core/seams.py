@@ -101,10 +101,15 @@ ENGINE_SYMBOLS = (ASYNC_SCHEDULER, ASYNC_SCHEDULING, ASYNC_MODEL_RUNNER_OUTPUT, 
 ENGINE_CORE_PROCESSES = _attr("vllm.v1.engine.utils", "CoreEngineProcManager.processes")
 ENGINE_CORE_SHUTDOWN = VendorSymbol("vllm.v1.engine.core_client", "EngineCoreClient.shutdown", required=())
 ENGINE_DEAD_ERROR = _cls("vllm.v1.engine.exceptions", "EngineDeadError")
-SYNC_MP_OUTPUTS_QUEUE = _attr("vllm.v1.engine.core_client", "SyncMPClient.outputs_queue")
 ASYNC_LLM_SHUTDOWN = VendorSymbol("vllm.v1.engine.async_llm", "AsyncLLM.shutdown", required=())
-PIPELINE_SYMBOLS = (ENGINE_CORE_PROCESSES, ENGINE_CORE_SHUTDOWN, ENGINE_DEAD_ERROR, SYNC_MP_OUTPUTS_QUEUE,
-                    ASYNC_LLM_SHUTDOWN)
+#: the stage graph's dead-engine check (``core.pipeline.graph``): vLLM's engine-core monitor sets it when the
+#: engine process exits, the output handler when it fails
+ASYNC_LLM_ERRORED = _attr("vllm.v1.engine.async_llm", "AsyncLLM.errored")
+ASYNC_LLM_ABORT = _call("vllm.v1.engine.async_llm", "AsyncLLM.abort", "request_id")
+ASYNC_LLM_GENERATE = _call("vllm.v1.engine.async_llm", "AsyncLLM.generate", "prompt", "sampling_params", "request_id")
+OUTPUT_PROCESSOR_REQUEST_IDS = _attr("vllm.v1.engine.output_processor", "OutputProcessor.external_req_ids")
+PIPELINE_SYMBOLS = (ENGINE_CORE_PROCESSES, ENGINE_CORE_SHUTDOWN, ENGINE_DEAD_ERROR, ASYNC_LLM_SHUTDOWN,
+                    ASYNC_LLM_ERRORED, ASYNC_LLM_ABORT, ASYNC_LLM_GENERATE, OUTPUT_PROCESSOR_REQUEST_IDS)
 
 # ------------------------------------------------------------------ graphs (core.hooks.graphs)
 CUDAGRAPH_MODE = _cls("vllm.config", "CUDAGraphMode")

@@ -1,43 +1,56 @@
 """The main job: thinker -> talker (+MTP) -> code2wav on real vLLM engines.
 
+The stages are one stage graph (:class:`~core.pipeline.graph.StageGraph`):
+three resident vLLM ``AsyncLLM`` engines over the core runner on the selected
+driver, started concurrently; a request is pipelined through them (the
+talker's frames streamed to code2wav in chunks). ``omni-backends run`` is its
+in-process client, ``omni-backends serve`` (``core.serving``) its server.
+
 :func:`run_pipeline` validates every input first (so bad input fails before
-any engine starts), then runs the three stages through the core runner on the
-selected driver, and writes its outputs into a temporary folder that is
-renamed into place only when everything succeeded:
+any engine starts), starts the graph, synthesises one request, shuts the
+graph down, and writes its outputs into a temporary folder that is renamed
+into place only when everything succeeded:
 
 - ``out.wav``       mono 16-bit PCM at the code2wav model's sample rate
 - ``thinker.txt``   the thinker's text
 - ``codes.json``    the talker's codec tokens, ``[T][K]`` (codebook 0 sampled,
   1..K-1 from the MTP head)
-- ``summary.json``  driver and why, per-stage token counts and wall times
+- ``summary.json``  driver and why, per-stage token counts, engine start and
+  generation times, the run's wall time against the concurrent-start bound
 
 The modules, one job each, in the order they call one another (each imports
 only those below it):
 
-- :mod:`~core.pipeline.run`      ``run_pipeline``: device, checks, stages, outputs;
-- :mod:`~core.pipeline.stages`   the three stages on their engines (``StageEngines``);
-- :mod:`~core.pipeline.inputs`   the inputs on disk (``validate``);
-- :mod:`~core.pipeline.config`   ``RunConfig``, the shared engine settings, the device defaults;
+- :mod:`~core.pipeline.run`      ``run_pipeline``: device, checks, the graph, outputs;
+- :mod:`~core.pipeline.graph`    the stage graph (``StageGraph``, ``SpeechRequest``, ``AudioChunk``,
+  ``SpeechResult``), the shared interface of ``run`` and the server;
+- :mod:`~core.pipeline.audio`    the audio bytes (``pcm16``, ``wav_bytes``) of ``out.wav`` and the server;
+- :mod:`~core.pipeline.inputs`   the inputs on disk (``validate``, ``validate_models``);
+- :mod:`~core.pipeline.config`   ``RunConfig``, ``GraphConfig``, the shared engine settings, the device defaults;
 - :mod:`~core.pipeline.faults`   reading a stage's failure, the dead-engine watchdog;
 - :mod:`~core.pipeline.release`  releasing an engine (shutdown, then its processes gone).
 
-Engines are built by the engine factory, :func:`core.stage.make_engine`, which
-also owns the engine-choice checks (:func:`core.stage.check_engine_choices`,
-re-exported here). Importing this package imports neither vLLM nor torch.
+Engines are built by the async engine factory, :func:`core.stage.make_async_engine`
+(with :func:`core.stage.make_engine`'s checks), which also owns the
+engine-choice checks (:func:`core.stage.check_engine_choices`, re-exported
+here). Importing this package imports neither vLLM nor torch.
 """
 
 from core.pipeline.config import (
+    DEFAULT_CHUNK_FRAMES,
     ENGINE_KW,
     MAX_SEED,
     STAGES,
     TALKER_MAX_MODEL_LEN,
     THINKER_MAX_MODEL_LEN,
+    GraphConfig,
     RunConfig,
     default_model_dir,
     device_defaults,
     engine_kw,
 )
-from core.pipeline.faults import DEVICE_MEMORY_SIGNS, ENGINE_DEAD_ERROR, SYNC_MP_OUTPUTS_QUEUE
+from core.pipeline.faults import DEVICE_MEMORY_SIGNS, ENGINE_DEAD_ERROR
+from core.pipeline.graph import engine_config
 from core.pipeline.inputs import validate
 from core.pipeline.release import (
     ENGINE_CORE_PROCESSES,
@@ -49,13 +62,12 @@ from core.pipeline.release import (
     wait_engine_released,
 )
 from core.pipeline.run import run_pipeline
-from core.pipeline.stages import engine_config
 from core.stage import GRAPH_MODES, RUNNERS, check_engine_choices
 
 __all__ = [
-    "DEVICE_MEMORY_SIGNS", "ENGINE_CORE_PROCESSES", "ENGINE_CORE_SHUTDOWN", "ENGINE_DEAD_ERROR", "ENGINE_KW",
-    "ENGINE_RELEASE_TIMEOUT", "GRAPH_MODES", "MAX_SEED", "RUNNERS", "STAGES", "SYNC_MP_OUTPUTS_QUEUE",
-    "TALKER_MAX_MODEL_LEN", "THINKER_MAX_MODEL_LEN", "RunConfig", "check_engine_choices", "default_model_dir",
+    "DEFAULT_CHUNK_FRAMES", "DEVICE_MEMORY_SIGNS", "ENGINE_CORE_PROCESSES", "ENGINE_CORE_SHUTDOWN", "ENGINE_DEAD_ERROR", "ENGINE_KW",
+    "ENGINE_RELEASE_TIMEOUT", "GRAPH_MODES", "MAX_SEED", "RUNNERS", "STAGES",
+    "TALKER_MAX_MODEL_LEN", "THINKER_MAX_MODEL_LEN", "GraphConfig", "RunConfig", "check_engine_choices", "default_model_dir",
     "device_defaults", "engine_config", "engine_kw", "engine_processes", "release_engine", "run_pipeline",
     "shutdown_engine", "validate", "wait_engine_released",
 ]

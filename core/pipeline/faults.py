@@ -1,15 +1,15 @@
 """Reading a stage's failure: the one-line cause (device out of memory, a dead engine process, the model's
-error), and a watchdog that turns a dead engine-core process into an error instead of a hang."""
+error). (The stage graph's watchdog, ``StageGraph._watch``, reads vLLM's ``AsyncLLM.errored``.)"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from core.pipeline.release import engine_core_processes
-from core.seams import ENGINE_DEAD_ERROR, SYNC_MP_OUTPUTS_QUEUE
+from core.seams import ENGINE_DEAD_ERROR
 
-# vLLM seams (declared in core.seams): ENGINE_DEAD_ERROR, raised by ``SyncMPClient.get_output`` for an error put
-# on its output queue once the engine is dead; SYNC_MP_OUTPUTS_QUEUE, the queue it blocks on (no timeout)
+# vLLM seam (declared in core.seams): ENGINE_DEAD_ERROR, what an engine client raises once its engine core died
+# (``AsyncLLM.generate`` for every request in flight); :func:`failure_cause` reads it by name
 
 
 def engine_process_fate(llm: Any) -> str | None:
@@ -60,24 +60,6 @@ def failure_cause(exc: BaseException, llm: Any) -> str:
     fate = engine_process_fate(llm) if llm is not None else None
     if fate:
         return fate
-    if type(root).__name__ == "EngineDeadError" or "EngineCore" in str(root):
+    if type(root).__name__ == ENGINE_DEAD_ERROR.attr or "EngineCore" in str(root):
         return f"its engine core died ({line(root)}); vLLM's log above has the engine's own error"
     return f"the engine raised {line(root)}"
-
-
-def watch_engine_process(llm: Any, stop: Any) -> None:
-    """Until ``stop`` is set: if an engine-core process of ``llm`` exits, wake the caller.
-
-    vLLM 0.32's ``SyncMPClient`` notices a dead engine process
-    (``MPClient.start_engine_core_monitor``) and shuts its output thread down
-    without telling a caller blocked in ``get_output()`` (``outputs_queue.get()``
-    with no timeout): ``LLM.generate`` would wait forever. This puts vLLM's
-    ``EngineDeadError`` on that queue, which ``get_output`` raises."""
-    client = llm.llm_engine.engine_core
-    while not stop.wait(0.5):
-        if engine_process_fate(llm) is None:
-            continue
-        queue = getattr(client, SYNC_MP_OUTPUTS_QUEUE.attr.rpartition(".")[2], None)
-        if queue is not None:
-            queue.put_nowait(ENGINE_DEAD_ERROR.resolve()())
-        return

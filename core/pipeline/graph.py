@@ -313,10 +313,11 @@ class StageGraph:
             self.dead_stage = stage
             self._dead.set()
 
-    def _dead_error(self) -> StageFailedError:
+    def _dead_error(self, exc: BaseException | None = None) -> StageFailedError:
         stage = self.dead_stage or "?"
-        cause = failure_cause(RuntimeError("EngineCore died"), self.engines.get(stage))
-        return StageFailedError(f"stage {stage} failed: {cause}; the stage graph is dead (restart it)", stage=stage)
+        cause = failure_cause(exc if exc is not None else RuntimeError("EngineCore died"), self.engines.get(stage))
+        return StageFailedError(f"stage {stage} failed while running: {cause} (the stage graph is dead; start a "
+                                "new one)", stage=stage)
 
     # ------------------------------------------------------------------ requests
     def check(self, req: SpeechRequest) -> None:
@@ -442,7 +443,7 @@ class StageGraph:
         if type(exc).__name__ == "EngineDeadError" or (engine is not None and engine.errored):
             self._mark_dead(failed)
             if self.dead_stage is not None:
-                return self._dead_error()
+                return self._dead_error(exc if self.dead_stage == failed else None)
         return StageFailedError(f"stage {failed} failed while running: {failure_cause(exc, engine)}", stage=failed)
 
     def _stage_id(self, rid: str, stage: str, ids: dict[str, list[str]], suffix: str = "") -> str:

@@ -2,17 +2,18 @@
 
 ``python pipeline_faults.py DEMO_DIR WORK_DIR FAULT [FAULT ...]``, each FAULT one of
 
-- ``kill``:  the talker's engine core runs in its own process (vLLM's
-  multiprocess mode, for this engine only); right after it started, that
-  process is killed (SIGKILL), as the kernel's OOM killer would;
-- ``raise``: the talker model's forward raises once its engine is up
-  (``RuntimeError``);
+- ``kill``:  right after the talker's engine started (its ``AsyncLLM`` engine
+  core is a process of its own), that process is killed (SIGKILL), as the
+  kernel's OOM killer would;
+- ``raise``: the talker model's forward raises on a real request
+  (``RuntimeError``), in the talker's engine-core process;
 - ``oom``:   the same, raising ``torch.OutOfMemoryError`` as a device would.
 
-Run ``kill`` last (it toggles vLLM's multiprocess variable). Every fault runs the pipeline through ``omni_backends.cli.main`` in this one
-process (engines are per run; the driver selection is per process). The
-verdict per fault: exit status, the engines started and the ones the pipeline
-shut down, engine processes still alive, and what was left in ``--out``.
+The stage graph's engine cores are processes vLLM starts with ``spawn``; a spawned child imports this file as
+``__mp_main__`` before it runs the engine, so the model fault is installed there, at import, from
+``OMNI_TEST_FAULT`` (set per run). Every fault runs the pipeline through ``omni_backends.cli.main`` in this one
+process (the driver selection is per process). The verdict per fault: exit status, the engines started and the
+ones the pipeline shut down, engine processes still alive, and what was left in ``--out``.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ import time
 import psutil
 import torch
 
-FAULT = {"on": None}
-
 
 def _talker_class(demo_dir: str):
     from core.models import ARCHITECTURES
@@ -37,6 +36,25 @@ def _talker_class(demo_dir: str):
         arch = json.load(f)["architectures"][0]
     module, _, name = ARCHITECTURES[arch].partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def _install_model_fault(fault: str, demo_dir: str) -> None:
+    """The talker model's forward raises on every real request (dummy / profile runs pass no request state)."""
+    talker_cls = _talker_class(demo_dir)
+    forward = talker_cls.forward
+
+    def faulty_forward(self, *args, **kwargs):
+        if kwargs.get("model_intermediate_buffer"):
+            if fault == "raise":
+                raise RuntimeError("injected fault in the talker's forward")
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+        return forward(self, *args, **kwargs)
+
+    talker_cls.forward = faulty_forward
+
+
+if __name__ == "__mp_main__" and os.environ.get("OMNI_TEST_FAULT") in ("raise", "oom"):  # an engine-core process
+    _install_model_fault(os.environ["OMNI_TEST_FAULT"], os.environ["OMNI_TEST_FAULT_DEMO"])
 
 
 def _live_children() -> list[str]:
@@ -56,67 +74,44 @@ def _live_children() -> list[str]:
 
 
 def main() -> None:
-    demo_dir, work, faults = sys.argv[1], sys.argv[2], sys.argv[3:]
-    import core.pipeline.release as release  # StageEngines.release -> release_engine -> its shutdown_engine
+    demo_dir, work, *faults = sys.argv[1:]
+    import core.pipeline.release as release  # the graph's release -> release_engine -> its shutdown_engine
     import core.stage as stage
+    from core.pipeline.release import engine_core_processes
     from omni_backends.cli import main as cli
-
-    talker_cls = _talker_class(demo_dir)
-    forward = talker_cls.forward
-
-    def faulty_forward(self, *args, **kwargs):
-        if FAULT["on"] == "raise":
-            raise RuntimeError("injected fault in the talker's forward")
-        if FAULT["on"] == "oom":
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
-        return forward(self, *args, **kwargs)
-
-    talker_cls.forward = faulty_forward
 
     started: list[tuple[str, int]] = []
     engine_pids: list[int] = []
     released: list[int] = []
-    make_engine = stage.make_engine
+    make_async_engine = stage.make_async_engine
     shutdown_engine = release.shutdown_engine
     current = {"fault": None}
 
     def make_engine_then_fault(model, **kw):
         which = os.path.basename(model)
-        if which == "talker" and current["fault"] == "kill":  # this one engine in its own process
-            import vllm.envs
+        engine = make_async_engine(model, **kw)
+        started.append((which, id(engine)))
+        procs = engine_core_processes(engine)
+        engine_pids.extend(p.pid for p in procs)
+        if which == "talker" and current["fault"] == "kill":
+            (proc,) = procs
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join(30)
+        return engine
 
-            vllm.envs.disable_envs_cache()  # the in-process thinker's EngineCore cached the variables
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-            try:
-                llm = make_engine(model, **kw)
-            finally:
-                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-                vllm.envs.disable_envs_cache()
-        else:
-            llm = make_engine(model, **kw)
-        started.append((which, id(llm)))
-        manager = getattr(getattr(llm.llm_engine.engine_core, "resources", None), "engine_manager", None)
-        engine_pids.extend(p.pid for p in getattr(manager, "processes", ()))
-        if which == "talker":
-            if current["fault"] == "kill":
-                (proc,) = manager.processes
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.join(30)
-            else:
-                FAULT["on"] = current["fault"]
-        return llm
+    def recording_shutdown(engine):
+        released.append(id(engine))
+        shutdown_engine(engine)
 
-    def recording_shutdown(llm):
-        released.append(id(llm))
-        shutdown_engine(llm)
-
-    stage.make_engine = make_engine_then_fault
+    stage.make_async_engine = make_engine_then_fault
     release.shutdown_engine = recording_shutdown
+    os.environ["OMNI_TEST_FAULT_DEMO"] = demo_dir
 
     verdict = {}
     for fault in faults:
         started.clear(), released.clear(), engine_pids.clear()
-        current["fault"], FAULT["on"] = fault, None
+        current["fault"] = fault
+        os.environ["OMNI_TEST_FAULT"] = fault  # read by the engine-core processes this run spawns
         out = os.path.join(work, f"out-{fault}")
         args = ["run", "--model-dir", demo_dir, "--out", out, "--max-tokens", "2", "--prompt", "Hello omni"]
         print(f"=== fault {fault}", file=sys.stderr, flush=True)
@@ -126,7 +121,7 @@ def main() -> None:
             time.sleep(0.5)
         verdict[fault] = {
             "rc": rc,
-            "started": [s for s, _ in started],
+            "started": sorted(s for s, _ in started),
             "unreleased": [s for s, i in started if i not in released],
             "children": _live_children(),
             "engine_pids_alive": [pid for pid in engine_pids if psutil.pid_exists(pid)

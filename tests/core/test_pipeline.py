@@ -120,6 +120,8 @@ def test_same_seed_gives_identical_wav_bytes(tmp_path, demo_dir, test_device):
         for stage in ("thinker", "talker", "code2wav"):  # per-stage engine start time, peak memory, what vLLM ran
             st = summary["stages"][stage]
             assert 0 < st["engine_start_seconds"] < st["seconds"], st
+            assert st["seconds"] == round(st["engine_start_seconds"] + st["generation_seconds"], 3), st
+            assert st["generation_seconds"] > 0, st
             assert st["peak_device_memory_bytes"] > 0, st
             assert st["engine"]["dtype"] == "float32"
             if test_device == "cpu":  # CI: in-process and eager, as before
@@ -127,6 +129,10 @@ def test_same_seed_gives_identical_wav_bytes(tmp_path, demo_dir, test_device):
             else:  # vLLM's defaults for the device, each stage's KV cache sized for its model
                 assert not st["engine"]["enforce_eager"] and st["engine"]["multiprocess"], st
                 assert st["engine"]["cudagraph_mode"] != "NONE" and st["gpu_memory_utilization"] < 0.1, st
+        cs = summary["concurrent_start"]  # issue 25: the stages' engines started at once, the bound reported
+        assert cs["overlapped"] and set(cs) >= {"slowest_start_seconds", "bound_seconds", "within_bound"}, cs
+        assert cs["slowest_start_seconds"] == max(summary["stages"][s]["engine_start_seconds"] for s in summary["stages"])
+        assert summary["stages"]["code2wav"]["chunks"] == 1  # 16 frames, --chunk-frames 16 (the default)
         assert "[1/3] thinker" in p.stderr and "[3/3] code2wav" in p.stderr  # progress
     a, b = ((o / "out.wav").read_bytes() for o in outs)
     assert len(a) == 44 + 16 * 160 * 2  # WAV header + 16 frames x 160 samples x int16

@@ -4,9 +4,12 @@ Faults are injected into stage 2 (talker) of real runs on the cpu driver
 (``tests/core/pipeline_faults.py``, one process for all three so the engine
 starts are paid once per fault, not per test): its engine-core process killed,
 its model raising in forward, its model running out of device memory. Each
-must release every engine already started, write nothing, and exit 3 with one
-line naming the stage and the cause. The stage bookkeeping itself is also
-tested without engines.
+must release every engine of the stage graph (the three start at once), write
+nothing, and exit 3 with one line naming the stage and the cause. A model
+error in a vLLM ``AsyncLLM`` engine core is fatal to that engine core (vLLM
+logs the model's own error, the client gets ``EngineDeadError``): the line says
+the talker's engine died, the log above it has the model's error. The graph's
+start failure is also tested without engines.
 """
 
 from __future__ import annotations
@@ -20,11 +23,10 @@ import types
 import pytest
 
 from core.pipeline.faults import failure_cause
-from core.pipeline.stages import StageEngines
 from omni_backends.errors import BadInputError, StageFailedError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FAULTS = ("raise", "oom", "kill")  # kill last: it switches vLLM to multiprocess for one engine
+FAULTS = ("raise", "oom", "kill")
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +50,13 @@ def faulted(demo_dir, tmp_path_factory):
     return verdict, stderr, work
 
 
-CAUSES = {
-    "raise": "stage talker failed while running: the engine raised RuntimeError: injected fault in the talker's forward",
-    "oom": "stage talker failed while running: the device ran out of memory (OutOfMemoryError: CUDA out of memory",
+CAUSES = {  # the talker's engine core died; killed: its process and the signal
+    "raise": "stage talker failed while running: its engine",
+    "oom": "stage talker failed while running: its engine",
     "kill": "stage talker failed while running: its engine process",
 }
+#: what the talker's engine core logged (vLLM's "EngineCore encountered a fatal error" with the model's error)
+ENGINE_LOG = {"raise": "injected fault in the talker's forward", "oom": "CUDA out of memory. Tried to allocate"}
 
 
 @pytest.mark.engine_tier
@@ -62,56 +66,59 @@ def test_stage_two_failure_releases_engines_writes_nothing_and_says_why(faulted,
     verdict, stderr, work = faulted
     v = verdict[fault]
     assert v["rc"] == 3  # README: a run failed after its engines started
-    assert v["started"] == ["thinker", "talker"]
+    assert v["started"] == ["code2wav", "talker", "thinker"]  # the stage graph starts all three at once
     assert v["unreleased"] == [], "engines left running: %s" % v["unreleased"]
     assert v["engine_pids_alive"] == [] and v["children"] == [], v
     assert not v["out_exists"] and v["leftovers"] == []
     errors = [line for line in stderr[fault].splitlines() if line.startswith("omni-backends: error:")]
     assert len(errors) == 1, stderr[fault][-3000:]
     assert CAUSES[fault] in errors[0] and errors[0].endswith("No output was written."), errors[0]
+    assert "the stage graph is dead" in errors[0], errors[0]
     if fault == "kill":
         assert "was killed by signal SIGKILL" in errors[0]
-    assert "[3/3]" not in stderr[fault]  # code2wav never started
+    else:
+        assert ENGINE_LOG[fault] in stderr[fault]
+    assert "done:" not in stderr[fault]
 
 
 # ------------------------------------------------------------- without engines
-class _FakeLLM:
-    """Stands in for ``vllm.LLM``: records ``llm_engine.engine_core.shutdown()``."""
+class _FakeEngine:
+    """Stands in for an ``AsyncLLM`` at start: what ``engine_config`` reads; records ``shutdown()``."""
 
     def __init__(self, log: list[str], name: str) -> None:
-        core = types.SimpleNamespace(shutdown=lambda: log.append(name))
-        self.llm_engine = types.SimpleNamespace(engine_core=core)
+        ns = types.SimpleNamespace
+        self.vllm_config = ns(compilation_config=ns(mode="NONE", cudagraph_mode="NONE"),
+                              model_config=ns(enforce_eager=True, dtype="float32"),
+                              scheduler_config=ns(async_scheduling=False),
+                              cache_config=ns(kv_cache_memory_bytes=1, gpu_memory_utilization=0.1))
+        self.shutdown = lambda: log.append(name)
 
 
-def test_a_failing_stage_releases_every_started_engine_and_names_the_stage():
+def test_a_stage_whose_engine_fails_to_start_is_named_and_every_started_engine_is_released(
+        demo_dir, cpu_selected, monkeypatch):
+    import asyncio
+
+    import core.stage
+    from core.pipeline.config import GraphConfig
+    from core.pipeline.graph import StageGraph
+
+    for var in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_V2_MODEL_RUNNER"):  # start sets them: restored after
+        monkeypatch.delenv(var, raising=False)
     log: list[str] = []
-    stages = StageEngines()
+
+    def factory(model, **kw):
+        name = os.path.basename(model)
+        if name == "code2wav":
+            raise ValueError("no room")
+        return _FakeEngine(log, name)
+
+    monkeypatch.setattr(core.stage, "make_async_engine", factory)
     with pytest.raises(StageFailedError) as info:
-        with stages.stage("thinker"):
-            stages.start("thinker", lambda: _FakeLLM(log, "thinker"))
-        with stages.stage("talker"):
-            stages.start("talker", lambda: _FakeLLM(log, "talker"))
-            raise RuntimeError("boom in forward")
-    assert log == ["thinker", "talker"] and stages.engines == {}
-    assert info.value.stage == "talker"
-    assert str(info.value) == ("stage talker failed while running: the engine raised RuntimeError: boom in forward. "
-                               "No output was written.")
-
-
-def test_a_stage_whose_engine_fails_to_start_says_so_and_interrupts_pass_through():
-    log: list[str] = []
-    stages = StageEngines()
-    stages.start("thinker", lambda: _FakeLLM(log, "thinker"))
-    with pytest.raises(StageFailedError, match="stage code2wav failed while starting its engine: the engine raised "
-                                               "ValueError: no room"):
-        with stages.stage("code2wav"):
-            stages.start("code2wav", lambda: (_ for _ in ()).throw(ValueError("no room")))
-    assert log == ["thinker"]
-    stages.start("talker", lambda: _FakeLLM(log, "talker"))
-    with pytest.raises(KeyboardInterrupt):
-        with stages.stage("talker"):
-            raise KeyboardInterrupt
-    assert log == ["thinker", "talker"] and stages.engines == {}
+        asyncio.run(StageGraph.start(GraphConfig(model_dir=demo_dir, device="cpu"), cpu_selected))
+    assert sorted(log) == ["talker", "thinker"]  # both started engines shut down
+    assert info.value.stage == "code2wav"
+    assert str(info.value) == ("stage code2wav failed while starting its engine: the engine raised ValueError: "
+                               "no room. No output was written.")
 
 
 def test_failure_cause_reads_out_of_memory_anywhere_in_the_chain():

@@ -1,4 +1,5 @@
-"""A stage's engine is released before the next one starts: its engine processes have exited.
+"""A stage's engine is released only when its engine processes have exited (``release_engine``, what the stage
+graph's shutdown and a failed start use), so the next graph (or the next run) starts on a settled device.
 
 vLLM's ``CoreEngineProcManager.shutdown`` terminates, waits 5 s, then SIGKILLs the tree and returns without
 waiting; the next engine then started on a device still held by the dying one (issue 21: one main-job run in
@@ -16,8 +17,8 @@ from types import SimpleNamespace
 
 import psutil
 
+from core.pipeline.graph import _release_all
 from core.pipeline.release import wait_engine_released
-from core.pipeline.stages import StageEngines
 
 
 def _slow_engine(ready) -> None:  # pragma: no cover - runs in the child
@@ -47,13 +48,12 @@ def test_release_returns_only_after_the_engine_processes_exited():
     proc = ctx.Process(target=_slow_engine, args=(ready,))
     proc.start()
     grandchild = ready.get(timeout=10)
-    stages = StageEngines()
-    stages.start("talker", lambda: _fake_llm(proc))
+    engines = {"talker": _fake_llm(proc)}
     t0 = time.monotonic()
-    stages.release("talker")
+    _release_all(engines)  # the stage graph's release of its engines (each through release_engine)
     assert not proc.is_alive(), "release returned while the engine process was still exiting"
     assert time.monotonic() - t0 >= 1.0
-    assert proc.exitcode == 0
+    assert proc.exitcode == 0 and engines == {}
     assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
 
 
