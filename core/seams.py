@@ -74,9 +74,11 @@ ASYNC_LLM = _cls("vllm.v1.engine.async_llm", "AsyncLLM")
 ASYNC_ENGINE_ARGS = _cls("vllm.engine.arg_utils", "AsyncEngineArgs")
 REQUEST_OUTPUT_COLLECTOR = _cls("vllm.v1.engine.output_processor", "RequestOutputCollector")
 REQUEST_OUTPUT_KIND = _cls("vllm.sampling_params", "RequestOutputKind")
+#: vLLM's general plugins (ours registers the omni architectures): loaded once before engines start concurrently
+LOAD_GENERAL_PLUGINS = _call("vllm.plugins", "load_general_plugins")
 IMPORTED = (LLM, SAMPLING_PARAMS, MODEL_REGISTRY, LLAMA_FOR_CAUSAL_LM, HF_CONFIG_REGISTRY, SCHEDULER,
             ENGINE_CORE_OUTPUT, ENGINE_CORE_OUTPUTS, OUTPUT_PROCESSOR, MODEL_RUNNER_OUTPUT, ASYNC_LLM,
-            ASYNC_ENGINE_ARGS, REQUEST_OUTPUT_COLLECTOR, REQUEST_OUTPUT_KIND)
+            ASYNC_ENGINE_ARGS, REQUEST_OUTPUT_COLLECTOR, REQUEST_OUTPUT_KIND, LOAD_GENERAL_PLUGINS)
 """Every ``from vllm... import NAME`` in the core, as (module, NAME)."""
 
 # ------------------------------------------------------------------ the engine core and the front end

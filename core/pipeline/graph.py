@@ -82,7 +82,7 @@ class SpeechResult:
     """The last item of :meth:`StageGraph.synthesize`: ``codes`` int64 ``[T, K]`` (every frame), ``samples``
     the number of samples streamed, ``timings`` in seconds: ``thinker``, ``talker``, ``code2wav`` (each
     stage's requests, submit to finish; code2wav summed over its chunks), ``first_chunk`` (submit to the
-    first chunk ready), ``total``."""
+    first chunk ready), ``talker_finished`` (submit to the talker's last frame), ``total``."""
 
     request_id: str
     thinker_text: str
@@ -268,6 +268,12 @@ class StageGraph:
                            **mem[stage], "engine": engine_config(engines[stage])}
             say(f"{stage}: engine ready in {t1 - t0:.1f} s")
 
+        # vLLM's load_general_plugins sets its "loaded" flag before it runs the plugins: engines built in threads
+        # at once would see the flag while our plugin is still registering the omni architectures ("Model
+        # architectures [...] are not supported", seen in 2 of 3 concurrent starts). Load them here, once.
+        from vllm.plugins import load_general_plugins
+
+        load_general_plugins()
         say("starting the thinker, talker and code2wav engines at once")
         t_graph = time.perf_counter()
         results = await asyncio.gather(*(asyncio.to_thread(start_one, s) for s in STAGES), return_exceptions=True)
@@ -395,12 +401,13 @@ class StageGraph:
                 first_chunk = ready - t_submit if first_chunk is None else first_chunk
                 samples += int(chunk.numel())
                 yield AudioChunk(index=index, samples=chunk, codes=codes[start:end].clone(), ready_at=ready)
-            t_talker = await self._until_dead(talker_task, "talker")
+            t_talker, talker_end = await self._until_dead(talker_task, "talker")
             codes = got[0] if got else torch.zeros((0, 0), dtype=torch.int64)
             yield SpeechResult(
                 request_id=rid, thinker_text=text, prompt_tokens=n_prompt, thinker_tokens=n_tokens, codes=codes,
                 samples=samples, timings={"thinker": round(t_thinker, 4), "talker": round(t_talker, 4),
                                           "code2wav": round(t_c2w, 4), "first_chunk": round(first_chunk or 0.0, 4),
+                                          "talker_finished": round(talker_end - t_submit, 4),
                                           "total": round(time.perf_counter() - t_submit, 4)})
         finally:
             if talker_task is not None and not talker_task.done():
@@ -478,9 +485,9 @@ class StageGraph:
                 len(out.outputs[0].token_ids), time.perf_counter() - t0)
 
     async def _talker(self, rid: str, req: SpeechRequest, hidden: Any, frames: int, queue: asyncio.Queue,
-                      ids: dict[str, list[str]]) -> float:
+                      ids: dict[str, list[str]]) -> tuple[float, float]:
         """Stream the talker's frames into ``queue`` (int64 ``[k, K]`` tensors, then ``None``; an exception
-        instead if it fails); returns its seconds."""
+        instead if it fails); returns its seconds and when it finished (``time.perf_counter()``)."""
         import torch
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -507,7 +514,8 @@ class StageGraph:
             queue.put_nowait(exc)
             raise
         queue.put_nowait(None)
-        return time.perf_counter() - t0
+        end = time.perf_counter()
+        return end - t0, end
 
     async def _code2wav(self, rid: str, index: int, codes: Any, ids: dict[str, list[str]]) -> Any:
         """The waveform of frames ``codes`` (int64 ``[T, K]``): float32 ``[T * hop_length]``, one forward."""
