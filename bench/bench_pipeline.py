@@ -1,14 +1,18 @@
-"""Issue 4 benchmark: the pipeline's stages through the omni runner vs stock vLLM.
+"""Issue 25 benchmark: the main job on the stage graph (three AsyncLLM engines started at once) against the
+stages' engines started one after another.
 
-Stock vLLM can run only the thinker (as plain ``LlamaForCausalLM`` over the
-same weights); the talker and code2wav need the omni hooks, so they are
-timed through our runner only. Each round runs, in alternating order, one
-fresh process per side (engine start + generation timed separately), so
-both sides see the same machine state.
+Sides, each in fresh processes, in alternating order per round:
 
-    python bench/bench_pipeline.py --rounds 3 [--max-tokens 32] [--demo-dir DIR]
+- ``graph``:       ``omni-backends run`` (the stage graph): per-stage engine start, generation, wall, and the
+                   check wall <= 1.25 x (slowest start + generation) from its summary.json;
+- ``serial-async``: the same three ``AsyncLLM`` engines (``core.stage.make_async_engine``, same sizes), started
+                   one after another in one process: the serial sum of their starts;
+- ``serial-llm``:  the three engines as the pipeline had them before (``core.stage.make_engine``, ``vllm.LLM``,
+                   in-process on cpu), one after another: the old serial sum.
 
-Prints a JSON report; paste the figures into bench/RESULTS.md.
+    python bench/bench_pipeline.py [--rounds 1] [--max-tokens 32] [--device cpu] [--demo-dir DIR]
+
+Prints a JSON report; paste the figures into bench/RESULTS.md (its pipeline section).
 """
 
 from __future__ import annotations
@@ -23,79 +27,114 @@ import tempfile
 import time
 
 CHILD = r"""
-import json, os, sys, time
-side, demo, max_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
-t0 = time.perf_counter()
-from vllm import SamplingParams
-kw = dict(dtype="float32", enforce_eager=True, max_model_len=512, max_num_seqs=8, seed=0)
-if side == "stock":
-    from vllm import LLM
-    from core.models.create import stock_thinker_view
-    llm = LLM(stock_thinker_view(os.path.join(demo, "thinker"), os.path.join(demo, "thinker-stock")), **kw)
-else:
-    from core.stage import make_engine
-    llm = make_engine(os.path.join(demo, "thinker"), device="cpu", **kw)
-t1 = time.perf_counter()
-p = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-llm.generate(["Hello! Tell me about omni models."], p, use_tqdm=False)  # warm-up
-t2 = time.perf_counter()
-outs = llm.generate(["Hello! Tell me about omni models."] * 4, p, use_tqdm=False)
-t3 = time.perf_counter()
-print("RESULT " + json.dumps({"start_s": t1 - t0, "generate_s": t3 - t2,
-                              "tokens": sum(len(o.outputs[0].token_ids) for o in outs)}))
+import asyncio, json, os, sys, time
+side, demo, device = sys.argv[1], sys.argv[2], sys.argv[3]
+from core.pipeline.config import ENGINE_KW, TALKER_MAX_MODEL_LEN, THINKER_MAX_MODEL_LEN
+from core.pipeline.graph import _stage_memory
+from core.stage import make_async_engine, make_engine, prepare_device
+from core.pipeline.release import release_engine
+
+backend = prepare_device(device).backend
+stages = ("thinker", "talker", "code2wav")
+dirs = {s: os.path.join(demo, s) for s in stages}
+mem = _stage_memory(backend, dirs)
+eager = not backend.capabilities().static_graphs
+kw = dict(ENGINE_KW, seed=0, **({"enforce_eager": True} if eager else {}))
+kind = {"thinker": "ar", "talker": "ar", "code2wav": "generation"}
+lens = {"thinker": THINKER_MAX_MODEL_LEN, "talker": TALKER_MAX_MODEL_LEN, "code2wav": TALKER_MAX_MODEL_LEN}
+factory = make_async_engine if side == "serial-async" else make_engine
+starts = {}
+async def main():
+    engines = {}
+    for s in stages:
+        t0 = time.perf_counter()
+        extra = {} if s == "thinker" else {"skip_tokenizer_init": True}
+        engines[s] = factory(dirs[s], kind=kind[s], device=device, max_model_len=lens[s], **kw, **mem[s], **extra)
+        starts[s] = round(time.perf_counter() - t0, 3)
+    for s, e in engines.items():
+        release_engine(e, s)
+asyncio.run(main())
+print("RESULT " + json.dumps({"starts": starts, "serial_start_seconds": round(sum(starts.values()), 3)}))
 """
 
 
-def run_side(side: str, demo: str, max_tokens: int) -> dict:
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="ERROR")
-    p = subprocess.run([sys.executable, "-c", CHILD, side, demo, str(max_tokens)], capture_output=True, text=True,
-                       env=env, timeout=600)
+def _env(side: str, device: str) -> dict:
+    """The serial sides run their engines as the graph does on the device: on cpu the worker inside its engine
+    core (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, for ``vllm.LLM`` the old in-process engine); elsewhere vLLM's
+    default."""
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="ERROR")
+    if side != "graph" and device == "cpu":
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    return env
+
+
+def run_serial(side: str, demo: str, device: str) -> dict:
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", CHILD, side, demo, device], capture_output=True, text=True,
+                       env=_env(side, device), timeout=1200)
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if p.returncode != 0 or line is None:
         raise RuntimeError(f"{side} failed:\n{p.stderr[-3000:]}")
-    return json.loads(line[7:])
+    return {**json.loads(line[7:]), "process_seconds": round(time.perf_counter() - t0, 3)}
 
 
-def run_pipeline_once(demo: str, max_tokens: int) -> dict:
+def run_graph(demo: str, device: str, max_tokens: int) -> dict:
     out = tempfile.mkdtemp(prefix="bench-run-")
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "omni_backends.cli", "run", "--model-dir", demo, "--out", out,
-                        "--max-tokens", str(max_tokens), "--json"], capture_output=True, text=True, timeout=900)
-    wall = time.perf_counter() - t0
+    p = subprocess.run([sys.executable, "-m", "omni_backends.cli", "run", "--device", device, "--model-dir", demo,
+                        "--out", out, "--max-tokens", str(max_tokens), "--json"], capture_output=True, text=True,
+                       env=_env("graph", device), timeout=1200)
     if p.returncode != 0:
-        raise RuntimeError(p.stderr[-3000:])
-    summary = json.loads(p.stdout)
-    return {"wall_s": wall, "stages": {k: v["seconds"] for k, v in summary["stages"].items()}}
+        raise RuntimeError(f"omni-backends run failed:\n{p.stderr[-3000:]}")
+    s = json.loads(p.stdout)
+    st = s["stages"]
+    return {"starts": {k: v["engine_start_seconds"] for k, v in st.items()},
+            "generation": {k: v["generation_seconds"] for k, v in st.items()},
+            "generation_seconds": s["generation_seconds"], "first_chunk_seconds": s["first_chunk_seconds"],
+            "wall_seconds": s["wall_seconds"], "shutdown_seconds": s["shutdown_seconds"],
+            "total_seconds": s["total_seconds"], "process_seconds": round(time.perf_counter() - t0, 3),
+            "concurrent_start": s["concurrent_start"]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--demo-dir", default=None)
-    args = ap.parse_args()
-    demo = args.demo_dir
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--demo-dir", default=None, help="demo models (default: created in a temporary folder)")
+    a = ap.parse_args()
+    demo = a.demo_dir
     if demo is None:
         from core.models.create import create_demo_models
 
         demo = os.path.join(tempfile.mkdtemp(prefix="bench-demo-"), "demo")
         create_demo_models(demo)
-    res: dict[str, list[dict]] = {"stock": [], "omni": []}
-    for r in range(args.rounds):
-        order = ("stock", "omni") if r % 2 == 0 else ("omni", "stock")
-        for side in order:
-            res[side].append(run_side(side, demo, args.max_tokens))
-            print(f"round {r} {side}: {res[side][-1]}", file=sys.stderr)
-    med = {s: {k: statistics.median(x[k] for x in v) for k in ("start_s", "generate_s")} for s, v in res.items()}
-    pipeline = run_pipeline_once(demo, args.max_tokens)
+    sides = ("graph", "serial-async", "serial-llm")
+    runs: dict[str, list[dict]] = {s: [] for s in sides}
+    for r in range(a.rounds):
+        for side in (sides if r % 2 == 0 else sides[::-1]):
+            print(f"round {r + 1}: {side}", file=sys.stderr, flush=True)
+            runs[side].append(run_graph(demo, a.device, a.max_tokens) if side == "graph"
+                              else run_serial(side, demo, a.device))
+    med = statistics.median
+    g = runs["graph"]
     report = {
-        "rounds": args.rounds,
-        "max_tokens": args.max_tokens,
-        "thinker_median": med,
-        "thinker_generate_ratio_omni_over_stock": med["omni"]["generate_s"] / med["stock"]["generate_s"],
-        "thinker_start_ratio_omni_over_stock": med["omni"]["start_s"] / med["stock"]["start_s"],
-        "pipeline_run": pipeline,
-        "load_average": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": a.device, "rounds": a.rounds,
+        "max_tokens": a.max_tokens, "load_average": os.getloadavg(),
+        "graph": {"wall_seconds": med(x["wall_seconds"] for x in g),
+                  "slowest_start_seconds": med(x["concurrent_start"]["slowest_start_seconds"] for x in g),
+                  "graph_start_seconds": med(x["concurrent_start"]["graph_start_seconds"] for x in g),
+                  "generation_seconds": med(x["generation_seconds"] for x in g),
+                  "first_chunk_seconds": med(x["first_chunk_seconds"] for x in g),
+                  "bound_seconds": med(x["concurrent_start"]["bound_seconds"] for x in g),
+                  "within_bound": [x["concurrent_start"]["within_bound"] for x in g],
+                  "starts": {s: med(x["starts"][s] for x in g) for s in g[0]["starts"]},
+                  "stage_generation": {s: med(x["generation"][s] for x in g) for s in g[0]["generation"]},
+                  "total_seconds": med(x["total_seconds"] for x in g)},
+        **{side: {"serial_start_seconds": med(x["serial_start_seconds"] for x in runs[side]),
+                  "starts": {s: med(x["starts"][s] for x in runs[side]) for s in runs[side][0]["starts"]}}
+           for side in sides[1:]},
+        "runs": runs,
     }
     print(json.dumps(report, indent=2))
 

@@ -410,10 +410,11 @@ class StageGraph:
                                           "talker_finished": round(talker_end - t_submit, 4),
                                           "total": round(time.perf_counter() - t_submit, 4)})
         finally:
-            if talker_task is not None and not talker_task.done():
-                talker_task.cancel()
+            if talker_task is not None:
+                if not talker_task.done():
+                    talker_task.cancel()
                 with contextlib.suppress(BaseException):
-                    await talker_task
+                    await talker_task  # its failure was reported through the queue: retrieved here
             await self._abort(ids)
             self._in_flight.discard(rid)
 
