@@ -64,22 +64,36 @@ class OmniSchedulerMixin:
         self._omni_pending: dict[str, list[dict[str, torch.Tensor]]] = {}
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> dict[int, EngineCoreOutputs]:
-        for req_id, step in (getattr(model_runner_output, "multimodal_outputs", None) or {}).items():
-            self._omni_pending.setdefault(req_id, []).append(step)
+        step = getattr(model_runner_output, "multimodal_outputs", None)
+        pending = self._omni_pending
         result = super().update_from_output(scheduler_output, model_runner_output)
-        if not self._omni_pending:
+        if not step and not pending:  # a stock model, or a step without multimodal outputs
             return result
+        step = step or {}
+        attached = 0
+        astuple = msgspec.structs.astuple
         for eco_batch in result.values():
             outs = eco_batch.outputs
             for j, eco in enumerate(outs):
-                steps = self._omni_pending.pop(eco.request_id, None)
-                if steps:
-                    mm = steps[0] if len(steps) == 1 else merge_step_outputs(steps)
+                rid = eco.request_id
+                mm = step.get(rid)
+                if mm is not None:
+                    attached += 1
+                if pending:
+                    held = pending.pop(rid, None)
+                    if held:  # outputs of earlier steps the scheduler emitted nothing for (chunked prefill)
+                        mm = merge_step_outputs(held + [mm] if mm is not None else held)
+                if mm:
                     # positional (7x cheaper than asdict + keywords): the parent's fields in order, then ours
-                    outs[j] = OmniEngineCoreOutput(*msgspec.structs.astuple(eco), mm)
-        for req_id in list(self._omni_pending):
-            if req_id not in self.requests:
-                del self._omni_pending[req_id]
+                    outs[j] = OmniEngineCoreOutput(*astuple(eco), mm)
+        if attached < len(step):  # some requests got no output this step: hold theirs for their next one
+            emitted = {eco.request_id for b in result.values() for eco in b.outputs}
+            for rid, mm in step.items():
+                if rid not in emitted:
+                    pending.setdefault(rid, []).append(mm)
+        if pending:
+            for rid in [r for r in pending if r not in self.requests]:  # finished or aborted: dropped
+                del pending[rid]
         return result
 
 

@@ -111,6 +111,18 @@ class PayloadStore:
                 entry[key] = self._place((key, None), value)
         return entry
 
+    def entries(self, req_ids: Iterable[str]) -> list[dict[str, Any]]:
+        """The live state dicts of ``req_ids``, in order (an empty one created and stored for an unknown
+        id, as ``put(req_id, None)`` does)."""
+        data = self._data
+        out = []
+        for r in req_ids:
+            entry = data.get(r)
+            if entry is None:
+                entry = data[r] = {}
+            out.append(entry)
+        return out
+
     def get(self, req_id: str) -> dict[str, Any]:
         """A request's live state dict (an empty dict, not stored, when unknown)."""
         return self._data.get(req_id, {})

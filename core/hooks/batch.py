@@ -55,6 +55,11 @@ class BatchView:
         qsl = np.asarray(self.query_start_loc)[: self.num_reqs + 1].tolist()
         return list(zip(qsl[:-1], qsl[1:]))
 
+    @property
+    def spans(self) -> list[tuple[int, int]]:
+        """``(start, end)`` of every request's scheduled tokens, batch order (computed once per batch)."""
+        return self._spans
+
     def span(self, i: int) -> tuple[int, int]:
         """(start, end) offsets of request i's scheduled tokens in the flattened batch."""
         return self._spans[i]
