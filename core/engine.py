@@ -30,7 +30,7 @@ from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.engine.output_processor import OutputProcessor
 
 from core.kinds import AR, GENERATION
-from core.outputs import merge_step_outputs
+from core.outputs import StepAccumulator, merge_step_outputs
 from core.payloads import EXTRA_ARGS_KEY, unpack
 from core.seams import ASYNC_SCHEDULER, ASYNC_SCHEDULING
 
@@ -131,9 +131,9 @@ class OmniOutputProcessor(OutputProcessor):
     """``OutputProcessor`` that accumulates multimodal outputs per request and
     exposes them as ``RequestOutput.multimodal_outputs``."""
 
-    _omni_acc: dict[str, list[dict[str, torch.Tensor]]]
+    _omni_acc: dict[str, StepAccumulator]
 
-    def _acc(self) -> dict[str, list[dict[str, torch.Tensor]]]:
+    def _acc(self) -> dict[str, StepAccumulator]:
         if not hasattr(self, "_omni_acc"):
             self._omni_acc = {}
         return self._omni_acc
@@ -144,13 +144,15 @@ class OmniOutputProcessor(OutputProcessor):
             mm = getattr(eco, "multimodal_outputs", None)
             state = self.request_states.get(eco.request_id) if mm else None
             if state is not None:  # key by the caller's (external) request id
-                acc.setdefault(state.external_req_id, []).append(mm)
+                steps = acc.get(state.external_req_id)
+                if steps is None:
+                    steps = acc[state.external_req_id] = StepAccumulator()
+                steps.append(mm)
         result = super().process_outputs(engine_core_outputs, *args, **kwargs)
         for ro in result.request_outputs:
             steps = acc.get(ro.request_id)
-            if steps and len(steps) > 1:  # merge once and keep the result: later steps append to it
-                steps[:] = [merge_step_outputs(steps)]
-            ro.multimodal_outputs = dict(steps[0]) if steps else {}
+            # new rows only are copied per read (CUMULATIVE / DELTA outputs read every step)
+            ro.multimodal_outputs = steps.merged() if steps else {}
             if ro.finished:
                 acc.pop(ro.request_id, None)
         return result

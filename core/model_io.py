@@ -78,6 +78,9 @@ class ModelOutputAdapter:
     captured graph writes the same memory on every replay); other values
     (per-request lists, nested dicts) are kept as this call's Python objects.
 
+    ``persistent=False`` (an engine without graphs: nothing replays a capture)
+    keeps each call's own tensors instead of copying them into the buffers.
+
     The runner brackets a real step with :meth:`begin_step` and, after the
     forward, reads :meth:`take`. Raises ``RuntimeError`` from :meth:`take` when
     a step replayed a graph (no Python ran) but the model's outputs include
@@ -85,9 +88,10 @@ class ModelOutputAdapter:
     """
 
     def __init__(self, model: Any, max_num_tokens: int, hidden_size: int | None = None, dtype: Any = None,
-                 *, keep_hidden: bool = False) -> None:
+                 *, keep_hidden: bool = False, persistent: bool = True) -> None:
         self.max_num_tokens = int(max_num_tokens)
         self.keep_hidden = keep_hidden
+        self.persistent = persistent
         self._hidden: torch.Tensor | None = None
         self.hidden_size, self.dtype = hidden_size, dtype
         self._buffers: dict[str, torch.Tensor] = {}
@@ -110,12 +114,14 @@ class ModelOutputAdapter:
         if hidden is None:
             hidden = self._zeros(_num_tokens(args, kwargs))
         n = int(hidden.shape[0])
+        persistent = self.persistent
         if self.keep_hidden:
-            self._hidden = _persistent(self._hidden, hidden, self.max_num_tokens)
+            self._hidden = _persistent(self._hidden, hidden, self.max_num_tokens) if persistent else hidden
         tensor_keys, objects = [], {}
         for key, value in mm.items():
             if isinstance(value, torch.Tensor) and value.dim() >= 1 and int(value.shape[0]) == n:
-                self._buffers[key] = _persistent(self._buffers.get(key), value, self.max_num_tokens)
+                self._buffers[key] = _persistent(self._buffers.get(key), value, self.max_num_tokens) \
+                    if persistent else value
                 tensor_keys.append(key)
             else:
                 objects[key] = value

@@ -179,3 +179,71 @@ def _put(items: dict[str, dict[str, torch.Tensor]], req_id: str, name: str, valu
         step[name] = torch.cat([step[name], value])
     else:
         step[name] = value
+
+
+class StepAccumulator:
+    """One request's multimodal outputs over its steps, concatenated along dim 0 in amortised O(new rows).
+
+    :meth:`append` keeps a step (``name -> tensor``) as it is; :meth:`merged` folds the steps appended
+    since into one growing buffer per name (capacity doubling, exact on the first fold) and returns
+    ``name -> buffer[:rows]`` views, so reading after every step (``CUMULATIVE`` outputs) costs the new
+    rows, not the whole request again. A view already handed out keeps its rows. Same result as
+    :func:`merge_step_outputs` over all steps: a name seen once is that tensor itself, a 0-d value keeps
+    its last one; steps whose trailing shapes or dtypes differ are concatenated with ``torch.cat`` (which
+    raises as it does there).
+    """
+
+    __slots__ = ("_pending", "_bufs", "_rows", "_single")
+
+    def __init__(self) -> None:
+        self._pending: list[dict[str, torch.Tensor]] = []
+        self._bufs: dict[str, torch.Tensor] = {}
+        self._rows: dict[str, int] = {}
+        self._single: dict[str, torch.Tensor] = {}  # seen once (or 0-d): kept as is
+
+    def append(self, step: dict[str, torch.Tensor]) -> None:
+        self._pending.append(step)
+
+    def __len__(self) -> int:
+        return len(self._pending) + len(self._bufs) + len(self._single)
+
+    def merged(self) -> dict[str, torch.Tensor]:
+        pending, self._pending = self._pending, []
+        new: dict[str, list[torch.Tensor]] = {}
+        for step in pending:
+            for key, value in step.items():
+                new.setdefault(key, []).append(value)
+        for key, values in new.items():
+            if values[-1].dim() == 0:
+                self._single[key] = values[-1]
+                continue
+            first = self._single.pop(key, None)
+            if first is not None:
+                values.insert(0, first)
+            if key not in self._bufs and len(values) == 1:
+                self._single[key] = values[0]
+                continue
+            self._extend(key, values)
+        out = {k: v[: self._rows[k]] for k, v in self._bufs.items()}
+        out.update(self._single)
+        return out
+
+    def _extend(self, key: str, values: list[torch.Tensor]) -> None:
+        buf, rows = self._bufs.get(key), self._rows.get(key, 0)
+        ref = buf if buf is not None else values[0]
+        if any(v.shape[1:] != ref.shape[1:] or v.dtype != ref.dtype or v.device != ref.device for v in values):
+            head = [buf[:rows]] if buf is not None else []
+            cat = torch.cat(head + values)
+            self._bufs[key], self._rows[key] = cat, int(cat.shape[0])
+            return
+        add = sum(int(v.shape[0]) for v in values)
+        if buf is None or rows + add > buf.shape[0]:
+            grown = ref.new_empty((max(rows + add, 2 * rows), *ref.shape[1:]))
+            if buf is not None:
+                grown[:rows].copy_(buf[:rows])
+            buf = self._bufs[key] = grown
+        for v in values:
+            n = int(v.shape[0])
+            buf[rows : rows + n].copy_(v)
+            rows += n
+        self._rows[key] = rows

@@ -21,10 +21,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from itertools import repeat
 from typing import Any, Callable, Iterable
 
-import numpy as np
 import torch
 
 from core.hooks.batch import BatchView
@@ -391,14 +389,19 @@ class OmniHooks:
         request's rows past those it emitted before; per-request list items as they are."""
         num_tokens, n = batch.num_tokens, batch.num_reqs
         req_ids = batch.req_ids
-        qsl = np.asarray(batch.query_start_loc[: n + 1], dtype=np.int64)
-        lengths = qsl[1:] - qsl[:-1]
-        first = np.asarray(batch.num_computed[:n], dtype=np.int64)
         emitted = self._emitted
-        done = np.fromiter(map(emitted.get, req_ids, repeat(0, n)), dtype=np.int64, count=n)
-        emitted.update(zip(req_ids, np.maximum(done, first + lengths).tolist()))
-        skip_np = np.minimum(np.maximum(done - first, 0), lengths)
-        skip = skip_np.tolist() if skip_np.any() else None
+        lengths: list[int] = []
+        skip: list[int] | None = None
+        # plain Python over the batch (a few small numpy ops cost more than this loop below ~100 requests)
+        for i, (req_id, (start, end), first) in enumerate(zip(req_ids, batch.spans, batch.num_computed.tolist())):
+            rows = end - start
+            lengths.append(rows)
+            done = emitted.get(req_id, 0)
+            emitted[req_id] = first + rows if first + rows > done else done
+            if done > first:  # positions emitted before (recomputed after preemption): skip them
+                if skip is None:
+                    skip = [0] * n
+                skip[i] = min(done - first, rows)
         step, tensors, fenced = self._step_outputs, {}, False
         for key, value in flat.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] >= num_tokens:
@@ -413,7 +416,7 @@ class OmniHooks:
                     self._add(req_id, key, _owned(self.backend.to_host(t), t))
         if fenced:
             step.add_fence(self._record_fence())
-        step.add_rows(req_ids, lengths.tolist(), tensors, skip)
+        step.add_rows(req_ids, lengths, tensors, skip)
 
     def _add(self, req_id: str, key: str, value: torch.Tensor) -> None:
         """One request's ``key`` this step (a host tensor; a second one in the step is concatenated)."""
@@ -459,6 +462,12 @@ class OmniHooks:
         index = base.req_id_to_index
         items = step.as_dict() if isinstance(step, StepOutputs) else step
         mm = {r: v for r, v in items.items() if r in index}
+        if type(base) is OmniModelRunnerOutput.__base__ and hasattr(base, "__dict__"):
+            # vLLM's own ModelRunnerOutput (a plain dataclass): its fields as they are, plus ours
+            out = OmniModelRunnerOutput.__new__(OmniModelRunnerOutput)
+            out.__dict__.update(base.__dict__)
+            out.multimodal_outputs = mm
+            return out
         fields = {name: getattr(base, name) for name in _field_names(type(base))}
         return OmniModelRunnerOutput(**fields, multimodal_outputs=mm)
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from core.hooks import BatchView, OmniHooks
 from core.hooks.contract import needs_omni_hooks
-from core.hooks.graphs import capture_talker_mtp, talker_mtp_buffers
+from core.hooks.graphs import capture_talker_mtp, graphs_enabled, talker_mtp_buffers
 from core.kinds import AR
 from core.runner.classes import omni_runner_class
 from core.model_io import ModelOutputAdapter, omni_runner_output
@@ -61,8 +61,9 @@ class OmniV1RunnerMixin:
         self._omni_active = needs_omni_hooks(model, self.omni_kind)
         if self._omni_active:
             # at the model, so every call vLLM makes (_dummy_run, profile, warm-up, graph capture) gets a tensor
+            # persistent buffers only where a captured graph may replay the forward
             self._omni_io = ModelOutputAdapter(model, self.max_num_tokens, self.model_config.get_hidden_size(),
-                                               self.dtype)
+                                               self.dtype, persistent=graphs_enabled(self.vllm_config))
 
     def _omni_mtp_runner(self, head: Any, eager: Any, hidden_size: int) -> Any:
         """The talker MTP on persistent buffers ``[max_num_reqs, hidden_size]``

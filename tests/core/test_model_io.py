@@ -219,6 +219,25 @@ def test_every_abstract_method_of_the_installed_base_is_delegated():
     assert np.array_equal(sorted(Base033.__abstractmethods__), ["get_kv_connector_output", "get_output"])
 
 
+def test_without_graphs_the_adapter_keeps_each_calls_own_tensors():
+    """An engine without graphs (``persistent=False``): nothing replays a capture, so no copy into the
+    buffers; the step's outputs are the forward's own tensors, and vLLM still gets a tensor back."""
+    model = OmniModel()
+    io = ModelOutputAdapter(model, MAX_TOKENS, keep_hidden=True, persistent=False)
+    ids = torch.tensor([1, 2, 3])
+    io.begin_step()
+    out = model(ids)
+    assert isinstance(out, torch.Tensor) and out.shape == (3, H)
+    got = io.take(3)
+    assert got.text_hidden_states.data_ptr() == out.data_ptr() and torch.equal(got.text_hidden_states, out)
+    torch.testing.assert_close(got.multimodal_outputs["hidden"], out * 2)
+    first = got.multimodal_outputs["hidden"]
+    io.begin_step()
+    model(ids[:1])
+    assert io.take(1).multimodal_outputs["hidden"].data_ptr() != first.data_ptr()  # a new tensor, not a buffer
+    torch.testing.assert_close(first, model.embed(ids).detach() * 2)  # the earlier one is untouched
+
+
 def test_stored_outputs_survive_the_next_forward_when_to_host_returns_its_input():
     """On cpu ``Backend.to_host`` returns its input; the adapter's buffers are
     overwritten by the next forward, so the hooks must own what they keep."""
