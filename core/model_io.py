@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 import torch
 
+from core.outputs import OmniOutput
 from core.seams import ASYNC_MODEL_RUNNER_OUTPUT, COPY_INPUTS
 
 log = logging.getLogger(__name__)
@@ -151,8 +152,6 @@ class ModelOutputAdapter:
         ``keep_hidden=True``) and the multimodal outputs (token-aligned ones as
         views ``[:num_tokens]`` of the persistent buffers, valid until the next
         forward)."""
-        from core.outputs import OmniOutput
-
         if isinstance(hidden, int):
             if self._hidden is None:
                 raise RuntimeError("no forward of the model was seen (neither eager nor a captured graph)")

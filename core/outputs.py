@@ -141,7 +141,9 @@ class StepOutputs(Mapping):
             total = sum(lengths)
             for name, host in tensors.items():
                 views = host[:total].split(lengths)
-                if skip is None:
+                if skip is None and not items:  # the step's first part: one dict per request, at once
+                    items.update((r, {name: v}) for r, n, v in zip(req_ids, lengths, views) if n)
+                elif skip is None:
                     for r, n, v in zip(req_ids, lengths, views):
                         if n:
                             _put(items, r, name, v)

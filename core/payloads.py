@@ -115,12 +115,10 @@ class PayloadStore:
         """The live state dicts of ``req_ids``, in order (an empty one created and stored for an unknown
         id, as ``put(req_id, None)`` does)."""
         data = self._data
-        out = []
-        for r in req_ids:
-            entry = data.get(r)
-            if entry is None:
-                entry = data[r] = {}
-            out.append(entry)
+        req_ids = list(req_ids)
+        out = list(map(data.get, req_ids))
+        if None in out:  # (a dict is never None: the identity test settles each comparison)
+            out = [e if e is not None else data.setdefault(r, {}) for r, e in zip(req_ids, out)]
         return out
 
     def get(self, req_id: str) -> dict[str, Any]:

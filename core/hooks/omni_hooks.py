@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from itertools import repeat
+from operator import add, gt, sub
 from typing import Any, Callable, Iterable
 
 import torch
@@ -390,18 +392,15 @@ class OmniHooks:
         num_tokens, n = batch.num_tokens, batch.num_reqs
         req_ids = batch.req_ids
         emitted = self._emitted
-        lengths: list[int] = []
-        skip: list[int] | None = None
-        # plain Python over the batch (a few small numpy ops cost more than this loop below ~100 requests)
-        for i, (req_id, (start, end), first) in enumerate(zip(req_ids, batch.spans, batch.num_computed.tolist())):
-            rows = end - start
-            lengths.append(rows)
-            done = emitted.get(req_id, 0)
-            emitted[req_id] = first + rows if first + rows > done else done
-            if done > first:  # positions emitted before (recomputed after preemption): skip them
-                if skip is None:
-                    skip = [0] * n
-                skip[i] = min(done - first, rows)
+        # C-level maps over the batch (per request: rows this step, rows emitted before, the new watermark)
+        qsl = [s for s, _ in batch.spans] + [num_tokens]
+        lengths = list(map(sub, qsl[1:], qsl[:-1]))
+        first = batch.num_computed[:n].tolist()
+        done = list(map(emitted.get, req_ids, repeat(0, n)))
+        emitted.update(zip(req_ids, map(max, done, map(add, first, lengths))))
+        skip = None
+        if any(map(gt, done, first)):  # positions emitted before (recomputed after preemption): skip them
+            skip = [min(max(d - f, 0), rows) for d, f, rows in zip(done, first, lengths)]
         step, tensors, fenced = self._step_outputs, {}, False
         for key, value in flat.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] >= num_tokens:
@@ -461,7 +460,7 @@ class OmniHooks:
             return base
         index = base.req_id_to_index
         items = step.as_dict() if isinstance(step, StepOutputs) else step
-        mm = {r: v for r, v in items.items() if r in index}
+        mm = items if items.keys() <= index.keys() else {r: v for r, v in items.items() if r in index}
         if type(base) is OmniModelRunnerOutput.__base__ and hasattr(base, "__dict__"):
             # vLLM's own ModelRunnerOutput (a plain dataclass): its fields as they are, plus ours
             out = OmniModelRunnerOutput.__new__(OmniModelRunnerOutput)
