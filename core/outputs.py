@@ -232,20 +232,21 @@ class StepAccumulator:
 
     def _extend(self, key: str, values: list[torch.Tensor]) -> None:
         buf, rows = self._bufs.get(key), self._rows.get(key, 0)
-        ref = buf if buf is not None else values[0]
-        if any(v.shape[1:] != ref.shape[1:] or v.dtype != ref.dtype or v.device != ref.device for v in values):
-            head = [buf[:rows]] if buf is not None else []
-            cat = torch.cat(head + values)
+        if buf is None:  # the first fold (FINAL_ONLY: the only one): one torch.cat, exact size
+            cat = torch.cat(values)
+            self._bufs[key], self._rows[key] = cat, int(cat.shape[0])
+            return
+        if any(v.shape[1:] != buf.shape[1:] or v.dtype != buf.dtype for v in values):
+            cat = torch.cat([buf[:rows], *values])  # what merge_step_outputs does (and raises as it does)
             self._bufs[key], self._rows[key] = cat, int(cat.shape[0])
             return
         add = sum(int(v.shape[0]) for v in values)
-        if buf is None or rows + add > buf.shape[0]:
-            grown = ref.new_empty((max(rows + add, 2 * rows), *ref.shape[1:]))
-            if buf is not None:
-                grown[:rows].copy_(buf[:rows])
+        if rows + add > buf.shape[0]:  # capacity doubling: amortised O(new rows) per read
+            grown = buf.new_empty((max(rows + add, 2 * rows), *buf.shape[1:]))
+            grown[:rows].copy_(buf[:rows])
             buf = self._bufs[key] = grown
-        for v in values:
-            n = int(v.shape[0])
-            buf[rows : rows + n].copy_(v)
-            rows += n
-        self._rows[key] = rows
+        if len(values) == 1:
+            buf[rows : rows + add].copy_(values[0])
+        else:
+            torch.cat(values, out=buf[rows : rows + add])
+        self._rows[key] = rows + add

@@ -15,6 +15,8 @@ graph policy (the talker MTP's graphs) is :mod:`core.hooks.graphs`.
 
 from __future__ import annotations
 
+from itertools import repeat
+from operator import attrgetter, is_
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,9 @@ from core.kinds import AR
 from core.runner.classes import omni_runner_class
 from core.model_io import ModelOutputAdapter, omni_runner_output
 from omni_backends.backend import Backend
+
+
+_OUTPUT_TOKEN_IDS = attrgetter("output_token_ids")
 
 
 class OmniV1RunnerMixin:
@@ -102,8 +107,9 @@ class OmniV1RunnerMixin:
         if not (hooks.passes_request_state or hooks.uses_preprocess):
             return view
         reqs = list(map(self.requests.get, view.req_ids))
-        view.num_output = np.fromiter((len(r.output_token_ids) if r is not None else 0 for r in reqs),
-                                      dtype=np.int64, count=n)
+        outputs = list(map(_OUTPUT_TOKEN_IDS, reqs)) if not any(map(is_, reqs, repeat(None))) else \
+            [r.output_token_ids if r is not None else () for r in reqs]
+        view.num_output = np.fromiter(map(len, outputs), dtype=np.int64, count=n)
         if hooks.uses_preprocess:
             view.max_tokens = [getattr(r.sampling_params, "max_tokens", None) if r is not None else None
                                for r in reqs]

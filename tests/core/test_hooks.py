@@ -481,6 +481,11 @@ def test_step_accumulator_equals_merge_step_outputs_read_every_step_or_once():
     assert final["once"] is steps[2]["once"]  # a name seen once is passed through, not copied
     for k, view in enumerate(handed):  # a view handed out earlier keeps its rows
         assert torch.equal(view, merge_step_outputs(steps[: k + 1])["h"])
+    some = StepAccumulator()  # read now and then: several steps folded into the grown buffer at once
+    for k, step in enumerate(steps):
+        some.append(step)
+        if k in (0, 3, 6):
+            assert torch.equal(some.merged()["h"], merge_step_outputs(steps[: k + 1])["h"]), k
     assert StepAccumulator().merged() == {}
 
 
