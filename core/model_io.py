@@ -69,8 +69,9 @@ class ModelOutputAdapter:
       ``max_num_batched_tokens``, the most any call can carry).
     - ``hidden_size`` / ``dtype``: of the placeholder returned for models
       whose output has ``text_hidden_states=None`` (generation kinds such as
-      code2wav): zeros ``[num_tokens, hidden_size]``, which vLLM's logits path
-      then reads.
+      code2wav): zeros ``[num_tokens, hidden_size]`` on the device of the
+      call's inputs (``inputs_embeds`` / ``input_ids`` / ``positions``), which
+      vLLM's logits path then indexes with device indices.
 
     Every call: text hidden states ``[num_tokens, H]`` are returned; each
     multimodal output that is a tensor with first dim ``num_tokens`` is copied
@@ -102,18 +103,49 @@ class ModelOutputAdapter:
         self._object_keys: tuple[str, ...] = ()
         self._called = False
         self.calls = 0
+        self._model = model
+        self._embeds_handle: Any = None
         self._handle = model.register_forward_hook(self._on_forward, with_kwargs=True)
 
     def remove(self) -> None:
-        """Remove the hook (the model then returns its own outputs again)."""
+        """Remove the hooks (the model then returns its own outputs again)."""
         self._handle.remove()
+        if self._embeds_handle is not None:
+            self._embeds_handle.remove()
+            self._embeds_handle = None
+
+    def feed_embeddings(self, embeds_for_ids: Any) -> None:
+        """Make every call of the model carry ``inputs_embeds``: a call that
+        passes ``input_ids`` and ``inputs_embeds=None`` (vLLM's ``_dummy_run``:
+        profile, warm-up, graph capture) gets ``embeds_for_ids(input_ids)``
+        (``[num_tokens, H]``, the runner's persistent ``inputs_embeds`` buffer
+        filled with the token embeddings) instead; ``input_ids`` stays.
+
+        For a model whose real steps always take embeddings (vLLM-Omni's
+        ``preprocess`` models such as the Qwen3-TTS talker): vLLM compiles the
+        decoder on its first call and drops Dynamo's guards, so a decoder
+        traced on the ``input_ids`` path of a dummy run ignores the
+        ``inputs_embeds`` of every real step (the H200, 2026-12-02: garbage
+        codes under compilation, right ones eager). Only keyword calls are
+        changed (vLLM calls the model with keywords)."""
+        if self._embeds_handle is not None:
+            self._embeds_handle.remove()
+
+        def pre(module: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+            ids = kwargs.get("input_ids")
+            if kwargs.get("inputs_embeds") is None and isinstance(ids, torch.Tensor) and len(args) < 4:
+                kwargs = dict(kwargs, inputs_embeds=embeds_for_ids(ids))
+                return args, kwargs
+            return None
+
+        self._embeds_handle = self._model.register_forward_pre_hook(pre, with_kwargs=True)
 
     # ---------------------------------------------------------------- the hook
     def _on_forward(self, module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> torch.Tensor:
         self.calls += 1
         hidden, mm = split_output(output)
         if hidden is None:
-            hidden = self._zeros(_num_tokens(args, kwargs))
+            hidden = self._zeros(*_num_tokens(args, kwargs))
         n = int(hidden.shape[0])
         persistent = self.persistent
         if self.keep_hidden:
@@ -130,12 +162,10 @@ class ModelOutputAdapter:
         self._object_keys = tuple(objects)
         return hidden
 
-    def _zeros(self, n: int) -> torch.Tensor:
+    def _zeros(self, n: int, device: torch.device) -> torch.Tensor:
         if self.hidden_size is None:
             raise TypeError("the omni model returned text_hidden_states=None but the runner gave no hidden_size")
-        if self._placeholder is None or self._placeholder.shape[0] < n:
-            p = next(iter(self._buffers.values()), None)
-            device = p.device if p is not None else None
+        if self._placeholder is None or self._placeholder.shape[0] < n or self._placeholder.device != device:
             self._placeholder = torch.zeros(max(n, self.max_num_tokens), self.hidden_size, dtype=self.dtype,
                                             device=device)
         return self._placeholder[:n]
@@ -169,16 +199,17 @@ class ModelOutputAdapter:
 
 
 
-def _num_tokens(args: Any, kwargs: dict[str, Any]) -> int:
-    """Tokens of a model call: ``inputs_embeds`` / ``input_ids`` rows, else
-    ``positions``' last dim (``[num_tokens]`` or M-RoPE's ``[3, num_tokens]``)."""
+def _num_tokens(args: Any, kwargs: dict[str, Any]) -> tuple[int, torch.device]:
+    """Tokens of a model call and the device its inputs are on: ``inputs_embeds`` /
+    ``input_ids`` rows, else ``positions``' last dim (``[num_tokens]`` or M-RoPE's
+    ``[3, num_tokens]``)."""
     named = dict(zip(("input_ids", "positions", "intermediate_tensors", "inputs_embeds"), args))
     named.update(kwargs)
     for key in ("inputs_embeds", "input_ids"):
         if isinstance(named.get(key), torch.Tensor):
-            return int(named[key].shape[0])
+            return int(named[key].shape[0]), named[key].device
     if isinstance(named.get("positions"), torch.Tensor):
-        return int(named["positions"].shape[-1])
+        return int(named["positions"].shape[-1]), named["positions"].device
     raise TypeError("cannot tell the number of tokens of a model call with text_hidden_states=None")
 
 

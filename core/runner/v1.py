@@ -65,10 +65,19 @@ class OmniV1RunnerMixin:
         # a stock vLLM model: no adapter, no hooks in its steps (as V2 keeps vLLM's ModelState for it)
         self._omni_active = needs_omni_hooks(model, self.omni_kind)
         if self._omni_active:
-            # at the model, so every call vLLM makes (_dummy_run, profile, warm-up, graph capture) gets a tensor
+            # at the model, so every call vLLM makes (_dummy_run, profile, warm-up, graph capture) gets a tensor;
             # persistent buffers only where a captured graph may replay the forward
             self._omni_io = ModelOutputAdapter(model, self.max_num_tokens, self.model_config.get_hidden_size(),
                                                self.dtype, persistent=graphs_enabled(self.vllm_config))
+            if getattr(self.omni_hooks, "uses_preprocess", False):  # real steps always pass embeddings: so do dummy runs
+                self._omni_io.feed_embeddings(self._omni_dummy_embeds)
+
+    def _omni_dummy_embeds(self, input_ids: Any) -> Any:
+        """``[num_tokens, H]``: the persistent ``inputs_embeds`` buffer holding ``input_ids``' token embeddings
+        (what vLLM's own dummy run passes for a model taking prompt embeddings)."""
+        embeds = self.inputs_embeds.gpu[: input_ids.shape[0]]
+        embeds.copy_(self.model.embed_input_ids(input_ids))
+        return embeds
 
     def _omni_mtp_runner(self, head: Any, eager: Any, hidden_size: int) -> Any:
         """The talker MTP on persistent buffers ``[max_num_reqs, hidden_size]``
