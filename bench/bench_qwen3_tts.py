@@ -13,8 +13,8 @@ written under ``--work-dir`` unless ``--model-dir`` names one; its write time is
 Every request is a CustomVoice synthesis of the same text with a fixed output length: ``--frames`` codec
 frames (``max_tokens = frames + 1``, ``ignore_eos``; talker sampling temperature 0.9 / top-k 50 as
 vLLM-Omni's deploy config, per-request seeds). The talker's frames stream to code2wav in chunks of
-``--chunk-frames`` (each chunk request carries ``--left-context`` earlier frames and keeps the samples of
-its own frames), so the first audio comes while the talker still runs. Both engines run in this process
+``--chunk-frames`` (the first one ``--first-chunk-frames``; each chunk request carries ``--left-context``
+earlier frames and keeps the samples of its own frames), so the first audio comes while the talker runs. Both engines run in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and are stepped in turn by one loop (code2wav first, so a chunk
 submitted is decoded before the next talker step) -- the two stages do not overlap on the device, which
 makes these figures an upper bound on what a pipelined deployment (vLLM-Omni's separate stage processes,
@@ -99,6 +99,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--size", default="tiny", choices=SIZES, help="checkpoint shapes (default %(default)s)")
     ap.add_argument("--frames", type=int, default=48, help=f"codec frames per request, 1..{MAX_FRAMES}")
     ap.add_argument("--chunk-frames", type=int, default=12, help="frames per code2wav chunk, 1..--frames")
+    ap.add_argument("--first-chunk-frames", type=int, default=None,
+                    help="frames of each request's first chunk, 1..--chunk-frames (default: --chunk-frames; "
+                         "vLLM-Omni's deploy config emits its first chunk after 1 frame)")
     ap.add_argument("--left-context", type=int, default=25, help="earlier frames each chunk carries, 0..1024")
     ap.add_argument("--concurrency", default="1,8,64", help=f"comma list, each 1..{MAX_CONCURRENCY}")
     ap.add_argument("--reps", type=int, default=3, help="concurrency-1 requests measured one after another, 1..100")
@@ -118,6 +121,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--frames must be in 1..{MAX_FRAMES}, got {args.frames}")
     if not 1 <= args.chunk_frames <= args.frames:
         ap.error(f"--chunk-frames must be in 1..--frames ({args.frames}), got {args.chunk_frames}")
+    if args.first_chunk_frames is None:
+        args.first_chunk_frames = args.chunk_frames
+    if not 1 <= args.first_chunk_frames <= args.chunk_frames:
+        ap.error(f"--first-chunk-frames must be in 1..--chunk-frames ({args.chunk_frames}), got {args.first_chunk_frames}")
     if not 0 <= args.left_context <= 1024:
         ap.error(f"--left-context must be in 0..1024, got {args.left_context}")
     if not 1 <= args.reps <= 100:
@@ -262,7 +269,7 @@ class Streamer:
             recs[rid] = {"id": rid, "submit": time.perf_counter(), "first": None, "last": None, "samples": 0,
                          "sr": None, "frames": 0, "sent": 0, "chunks": 0, "pending": {}, "talker_done": False}
             self._submit_talker(rid, 1000 + self.count)
-        chunk = self.args.chunk_frames
+        chunk, first = self.args.chunk_frames, self.args.first_chunk_frames
         while self.talker.has_unfinished_requests() or self.c2w.has_unfinished_requests():
             if self.c2w.has_unfinished_requests():
                 for out in self.c2w.step():
@@ -287,8 +294,9 @@ class Streamer:
                     frames = rows[self.prompt_len:] if rows is not None else None
                     have = 0 if frames is None else int(frames.shape[0])
                     rec["frames"] = have
-                    while have - rec["sent"] >= chunk or (out.finished and have > rec["sent"]):
-                        end = min(have, rec["sent"] + chunk)
+                    while (have - rec["sent"] >= (first if rec["chunks"] == 0 else chunk)
+                           or (out.finished and have > rec["sent"])):
+                        end = min(have, rec["sent"] + (first if rec["chunks"] == 0 else chunk))
                         self._submit_chunk(rec, frames, rec["sent"], end)
                         rec["sent"] = end
                     rec["talker_done"] = out.finished
@@ -354,7 +362,8 @@ def run(args: argparse.Namespace) -> dict:
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), size=args.size,
         checkpoint=checkpoint_info(model_dir), model_dir=model_dir, device=backend.name, dtype=args.dtype,
         runner=args.runner, v2_env=os.environ.get("VLLM_USE_V2_MODEL_RUNNER"), enforce_eager=args.enforce_eager,
-        frames=args.frames, chunk_frames=args.chunk_frames, left_context=args.left_context, reps=args.reps,
+        frames=args.frames, chunk_frames=args.chunk_frames, first_chunk_frames=args.first_chunk_frames,
+        left_context=args.left_context, reps=args.reps,
         prompt_len=prompt_len, torch=torch.__version__, host=platform.node(),
         gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
     import vllm
@@ -366,7 +375,8 @@ def run(args: argparse.Namespace) -> dict:
 def render(res: dict) -> str:
     i = res["info"]
     a = res["anchors"]
-    lines = [f"Qwen3-TTS {i['size']} (random weights, {i['frames']} frames/request, chunks of {i['chunk_frames']} + "
+    lines = [f"Qwen3-TTS {i['size']} (random weights, {i['frames']} frames/request, first chunk "
+             f"{i['first_chunk_frames']} frames, then chunks of {i['chunk_frames']} + "
              f"{i['left_context']} context) through the core on {i['device']} {i['dtype']}, runner {i['runner']} "
              f"(VLLM_USE_V2_MODEL_RUNNER={i['v2_env']}), enforce_eager={i['enforce_eager']}, vLLM {i['vllm']}, "
              f"torch {i['torch']}, {i['date']}",
