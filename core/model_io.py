@@ -68,8 +68,9 @@ class ModelOutputAdapter:
       ``max_num_batched_tokens``, the most any call can carry).
     - ``hidden_size`` / ``dtype``: of the placeholder returned for models
       whose output has ``text_hidden_states=None`` (generation kinds such as
-      code2wav): zeros ``[num_tokens, hidden_size]``, which vLLM's logits path
-      then reads.
+      code2wav): zeros ``[num_tokens, hidden_size]`` on the device of the
+      call's inputs (``inputs_embeds`` / ``input_ids`` / ``positions``), which
+      vLLM's logits path then indexes with device indices.
 
     Every call: text hidden states ``[num_tokens, H]`` are returned; each
     multimodal output that is a tensor with first dim ``num_tokens`` is copied
@@ -108,7 +109,7 @@ class ModelOutputAdapter:
         self.calls += 1
         hidden, mm = split_output(output)
         if hidden is None:
-            hidden = self._zeros(_num_tokens(args, kwargs))
+            hidden = self._zeros(*_num_tokens(args, kwargs))
         n = int(hidden.shape[0])
         if self.keep_hidden:
             self._hidden = _persistent(self._hidden, hidden, self.max_num_tokens)
@@ -123,12 +124,10 @@ class ModelOutputAdapter:
         self._object_keys = tuple(objects)
         return hidden
 
-    def _zeros(self, n: int) -> torch.Tensor:
+    def _zeros(self, n: int, device: torch.device) -> torch.Tensor:
         if self.hidden_size is None:
             raise TypeError("the omni model returned text_hidden_states=None but the runner gave no hidden_size")
-        if self._placeholder is None or self._placeholder.shape[0] < n:
-            p = next(iter(self._buffers.values()), None)
-            device = p.device if p is not None else None
+        if self._placeholder is None or self._placeholder.shape[0] < n or self._placeholder.device != device:
             self._placeholder = torch.zeros(max(n, self.max_num_tokens), self.hidden_size, dtype=self.dtype,
                                             device=device)
         return self._placeholder[:n]
@@ -164,16 +163,17 @@ class ModelOutputAdapter:
 
 
 
-def _num_tokens(args: Any, kwargs: dict[str, Any]) -> int:
-    """Tokens of a model call: ``inputs_embeds`` / ``input_ids`` rows, else
-    ``positions``' last dim (``[num_tokens]`` or M-RoPE's ``[3, num_tokens]``)."""
+def _num_tokens(args: Any, kwargs: dict[str, Any]) -> tuple[int, torch.device]:
+    """Tokens of a model call and the device its inputs are on: ``inputs_embeds`` /
+    ``input_ids`` rows, else ``positions``' last dim (``[num_tokens]`` or M-RoPE's
+    ``[3, num_tokens]``)."""
     named = dict(zip(("input_ids", "positions", "intermediate_tensors", "inputs_embeds"), args))
     named.update(kwargs)
     for key in ("inputs_embeds", "input_ids"):
         if isinstance(named.get(key), torch.Tensor):
-            return int(named[key].shape[0])
+            return int(named[key].shape[0]), named[key].device
     if isinstance(named.get("positions"), torch.Tensor):
-        return int(named["positions"].shape[-1])
+        return int(named["positions"].shape[-1]), named["positions"].device
     raise TypeError("cannot tell the number of tokens of a model call with text_hidden_states=None")
 
 

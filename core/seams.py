@@ -89,6 +89,15 @@ ENGINE_DEAD_ERROR = _cls("vllm.v1.engine.exceptions", "EngineDeadError")
 SYNC_MP_OUTPUTS_QUEUE = _attr("vllm.v1.engine.core_client", "SyncMPClient.outputs_queue")
 PIPELINE_SYMBOLS = (ENGINE_CORE_PROCESSES, ENGINE_CORE_SHUTDOWN, ENGINE_DEAD_ERROR, SYNC_MP_OUTPUTS_QUEUE)
 
+# ------------------------------------------------------------------ the worker (core.worker)
+#: the V2 kernel warm-up the GPU worker's ``compile_or_warm_up_model`` calls, looked up in the worker module's
+#: namespace. vLLM 0.26's divides by the KV blocks per request, 0 for a model without a KV cache (vLLM-Omni's
+#: Qwen3TTSCode2Wav: ``ZeroDivisionError`` on the H200, 2026-12-02); 0.32+ guard it. :func:`core.worker.
+#: kv_free_kernel_warmup` wraps it for the worker's call.
+V2_KERNEL_WARMUP = _call("vllm.v1.worker.gpu_worker", "warmup_kernels", "model_runner", "worker_execute_model",
+                         "worker_sample_tokens")
+WORKER_SYMBOLS = (V2_KERNEL_WARMUP,)
+
 # ------------------------------------------------------------------ graphs (core.hooks.graphs)
 CUDAGRAPH_MODE = _cls("vllm.config", "CUDAGraphMode")
 BATCH_DESCRIPTOR = VendorSymbol("vllm.forward_context", "BatchDescriptor", params=("num_tokens",),
@@ -185,8 +194,8 @@ V2_SYMBOLS: tuple[VendorSymbol, ...] = (
 )
 """Every vLLM V2 symbol :mod:`core.runner.model_state` and :mod:`core.runner.v2` rely on."""
 
-SYMBOLS: tuple[VendorSymbol, ...] = (*IMPORTED, *ENGINE_SYMBOLS, *PIPELINE_SYMBOLS, *GRAPH_SYMBOLS, *V1_SYMBOLS,
-                                     *V2_SYMBOLS)
+SYMBOLS: tuple[VendorSymbol, ...] = (*IMPORTED, *ENGINE_SYMBOLS, *PIPELINE_SYMBOLS, *WORKER_SYMBOLS, *GRAPH_SYMBOLS,
+                                     *V1_SYMBOLS, *V2_SYMBOLS)
 """Every vLLM symbol the core binds (what ``check-drift`` resolves from :data:`CONTRACT`)."""
 
 #: executors that receive ``sample_tokens``' output and unwrap an async one.

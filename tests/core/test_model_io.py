@@ -109,6 +109,25 @@ def test_vllm_omni_output_and_generation_models_without_text_hidden_states():
     assert out.shape == (3, H) and not out.any()  # the placeholder vLLM's logits path reads
 
 
+def test_the_placeholder_of_a_model_without_text_hidden_states_is_on_its_inputs_device():
+    # on the H200 (2026-12-02) vLLM-Omni's Qwen3TTSCode2Wav returned text_hidden_states=None and the placeholder
+    # was made on the CPU: vLLM's _dummy_run then indexed it with device indices and failed. The meta device stands
+    # in for an accelerator here: a placeholder made anywhere but on the inputs' device fails this test.
+    class Code2Wav(nn.Module):
+        def forward(self, input_ids=None, positions=None, inputs_embeds=None, **kw):
+            return VllmOmniOutput(None, {"wave": [torch.ones(5)]})
+
+    model = Code2Wav()
+    ModelOutputAdapter(model, MAX_TOKENS, hidden_size=H, dtype=torch.float32)
+    meta = torch.device("meta")
+    for call in ({"input_ids": torch.zeros(3, dtype=torch.long, device=meta)},
+                 {"positions": torch.arange(4, device=meta)},
+                 {"inputs_embeds": torch.zeros(2, H, device=meta)}):
+        out = model(**call)
+        assert out.device == meta and out.shape[1] == H
+    assert model(input_ids=torch.tensor([1, 2])).device.type == "cpu"  # and back, when the inputs move
+
+
 # ------------------------------------------------------------------ V1 runner
 def _v1_runner(model):
     """OmniV1RunnerMixin over a base that calls the model the way vLLM's V1
