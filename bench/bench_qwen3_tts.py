@@ -169,7 +169,7 @@ def engine_lengths(args: argparse.Namespace, model_dir: str, prompt_len: int) ->
         t = json.load(f)["talker_config"]
     q, limit = int(t["num_code_groups"]), int(t["max_position_embeddings"])
     talker_len = -(-(prompt_len + args.frames + 8) // 16) * 16
-    c2w_len = q * (args.left_context + args.chunk_frames)
+    c2w_len = q * (args.left_context + args.chunk_frames) + 1  # the chunk's codes + the one output token
     if talker_len > limit:
         args.ap.error(f"--frames {args.frames}: a request needs {prompt_len} prompt + {args.frames + 1} tokens, more "
                       f"than the checkpoint's max_position_embeddings ({limit}); use --frames <= {limit - prompt_len - 8}")
