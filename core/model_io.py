@@ -98,11 +98,42 @@ class ModelOutputAdapter:
         self._object_keys: tuple[str, ...] = ()
         self._called = False
         self.calls = 0
+        self._model = model
+        self._embeds_handle: Any = None
         self._handle = model.register_forward_hook(self._on_forward, with_kwargs=True)
 
     def remove(self) -> None:
-        """Remove the hook (the model then returns its own outputs again)."""
+        """Remove the hooks (the model then returns its own outputs again)."""
         self._handle.remove()
+        if self._embeds_handle is not None:
+            self._embeds_handle.remove()
+            self._embeds_handle = None
+
+    def feed_embeddings(self, embeds_for_ids: Any) -> None:
+        """Make every call of the model carry ``inputs_embeds``: a call that
+        passes ``input_ids`` and ``inputs_embeds=None`` (vLLM's ``_dummy_run``:
+        profile, warm-up, graph capture) gets ``embeds_for_ids(input_ids)``
+        (``[num_tokens, H]``, the runner's persistent ``inputs_embeds`` buffer
+        filled with the token embeddings) instead; ``input_ids`` stays.
+
+        For a model whose real steps always take embeddings (vLLM-Omni's
+        ``preprocess`` models such as the Qwen3-TTS talker): vLLM compiles the
+        decoder on its first call and drops Dynamo's guards, so a decoder
+        traced on the ``input_ids`` path of a dummy run ignores the
+        ``inputs_embeds`` of every real step (the H200, 2026-12-02: garbage
+        codes under compilation, right ones eager). Only keyword calls are
+        changed (vLLM calls the model with keywords)."""
+        if self._embeds_handle is not None:
+            self._embeds_handle.remove()
+
+        def pre(module: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+            ids = kwargs.get("input_ids")
+            if kwargs.get("inputs_embeds") is None and isinstance(ids, torch.Tensor) and len(args) < 4:
+                kwargs = dict(kwargs, inputs_embeds=embeds_for_ids(ids))
+                return args, kwargs
+            return None
+
+        self._embeds_handle = self._model.register_forward_pre_hook(pre, with_kwargs=True)
 
     # ---------------------------------------------------------------- the hook
     def _on_forward(self, module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> torch.Tensor:

@@ -10,62 +10,16 @@ the class is built there, over the driver the parent selected
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import logging
 import os
-import sys
-from typing import Any, Iterator
+from typing import Any
 
 from core.kinds import AR, GENERATION
 from core.runner import build_runner_class
-from core.seams import V2_KERNEL_WARMUP
 from omni_backends.placement import check_worker_binding, distributed_backend_in_use
 from omni_backends.registry import verify_worker_selection
 
 _KIND_BY_NAME = {"OmniARWorker": AR, "OmniGenerationWorker": GENERATION}
-log = logging.getLogger(__name__)
-
-
-def _has_kv_cache(model_runner: Any) -> bool:
-    return bool(getattr(getattr(model_runner, "kv_cache_config", None), "kv_cache_groups", None))
-
-
-@contextlib.contextmanager
-def kv_free_kernel_warmup(worker_module: Any) -> Iterator[None]:
-    """While it is open, the V2 kernel warm-up that ``worker_module``'s
-    ``compile_or_warm_up_model`` calls (seam ``core.seams.V2_KERNEL_WARMUP``) skips
-    a runner without a KV cache whose warm-up cannot size its requests.
-
-    vLLM 0.26's ``warmup_kernels`` divides the KV blocks by the blocks per
-    request, which is 0 for a model with no attention layer (a code2wav such as
-    vLLM-Omni's ``Qwen3TTSCode2Wav``): ``ZeroDivisionError`` before any forward
-    ran. Then the warm-up (JIT compile of Triton kernels, nothing the engine
-    needs) is skipped with a log line; kernels compile on the first step. A
-    runner with a KV cache, and a vLLM whose warm-up handles none (0.32+), run
-    it unchanged. Restores the module's function on exit. A module without
-    the seam is left alone (the cpu worker warms up in its runner).
-    """
-    original = getattr(worker_module, V2_KERNEL_WARMUP.attr, None) if worker_module is not None else None
-    if original is None:
-        yield
-        return
-
-    def warmup_kernels(model_runner: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return original(model_runner, *args, **kwargs)
-        except ZeroDivisionError:
-            if _has_kv_cache(model_runner):
-                raise
-            log.info("omni worker: vLLM's V2 kernel warm-up cannot size requests without a KV cache "
-                     "(this vLLM divides by the blocks per request); skipped, kernels compile on the first step")
-            return None
-
-    setattr(worker_module, V2_KERNEL_WARMUP.attr, warmup_kernels)
-    try:
-        yield
-    finally:
-        setattr(worker_module, V2_KERNEL_WARMUP.attr, original)
 
 
 class OmniWorkerMixin:
@@ -89,12 +43,6 @@ class OmniWorkerMixin:
             device = self.model_runner.device
             del self.model_runner
             self.model_runner = runner_cls(self.vllm_config, device)
-
-    def compile_or_warm_up_model(self, *args: Any, **kwargs: Any) -> Any:
-        """vLLM's warm-up, with the V2 kernel warm-up made safe for a model without a KV cache
-        (:func:`kv_free_kernel_warmup`)."""
-        with kv_free_kernel_warmup(sys.modules.get(V2_KERNEL_WARMUP.module)):  # imported by the base worker, if used
-            return super().compile_or_warm_up_model(*args, **kwargs)
 
     def omni_state(self) -> dict[str, Any]:
         """What this rank's omni runner holds (``llm.collective_rpc("omni_state")``):

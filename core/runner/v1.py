@@ -55,6 +55,15 @@ class OmniV1RunnerMixin:
             self.get_model(), self.max_num_tokens, self.model_config.get_hidden_size(), self.dtype
         )
         self.omni_hooks.bind_model(self.get_model(), self.vllm_config, mtp_runner=self._omni_mtp_runner)
+        if getattr(self.omni_hooks, "uses_preprocess", False):  # real steps always pass embeddings: so do dummy runs
+            self._omni_io.feed_embeddings(self._omni_dummy_embeds)
+
+    def _omni_dummy_embeds(self, input_ids: Any) -> Any:
+        """``[num_tokens, H]``: the persistent ``inputs_embeds`` buffer holding ``input_ids``' token embeddings
+        (what vLLM's own dummy run passes for a model taking prompt embeddings)."""
+        embeds = self.inputs_embeds.gpu[: input_ids.shape[0]]
+        embeds.copy_(self.model.embed_input_ids(input_ids))
+        return embeds
 
     def _omni_mtp_runner(self, head: Any, eager: Any, hidden_size: int) -> Any:
         """The talker MTP on persistent buffers ``[max_num_reqs, hidden_size]``

@@ -165,6 +165,44 @@ def test_v1_dummy_run_calls_the_model_directly_and_gets_a_tensor():
     assert len(runner.model._forward_hooks) == 1
 
 
+def test_v1_dummy_runs_of_a_preprocess_model_carry_embeddings_like_its_real_steps():
+    # the H200 (2026-12-02): vLLM-Omni's Qwen3-TTS talker (a preprocess model, real steps pass inputs_embeds)
+    # gave garbage codes under compilation: vLLM compiled its decoder on a dummy run's input_ids path and dropped
+    # the guards. Every call must reach the model with embeddings; the dummy run's input_ids stay.
+    seen = []
+
+    class Talker(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, H)
+
+        def embed_input_ids(self, ids):
+            return self.emb(ids)
+
+        def forward(self, input_ids=None, positions=None, intermediate_tensors=None, inputs_embeds=None, **kw):
+            seen.append((input_ids is not None, inputs_embeds is not None))
+            return inputs_embeds if inputs_embeds is not None else self.emb(input_ids)
+
+    model = Talker()
+    runner = _v1_runner(model)
+    runner.inputs_embeds = types.SimpleNamespace(gpu=torch.zeros(MAX_TOKENS, H))
+    runner.omni_hooks.uses_preprocess = True
+    runner.load_model()
+    out = runner._dummy_run(4)
+    assert seen == [(True, True)]
+    assert torch.equal(out, model.emb(torch.zeros(1, dtype=torch.long)))  # the token embeddings, through the buffer
+    assert runner.inputs_embeds.gpu[:4].abs().sum() > 0
+    real = torch.ones(3, H)
+    assert torch.equal(model(input_ids=torch.zeros(3, dtype=torch.long), inputs_embeds=real), real)  # real steps kept
+    runner.load_model()  # a reload: one pre-hook, one post-hook
+    assert len(model._forward_pre_hooks) == 1 and len(model._forward_hooks) == 1
+
+    plain = _v1_runner(OmniModel())  # a model without preprocess: vLLM's dummy inputs unchanged
+    plain.omni_hooks.uses_preprocess = False
+    plain.load_model()
+    assert not plain.model._forward_pre_hooks
+
+
 # ------------------------------------------------------------------ async outputs
 @pytest.fixture
 def async_base():
