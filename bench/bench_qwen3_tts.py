@@ -27,7 +27,9 @@ seconds per second = all requests' audio seconds / (first submit -> last chunk).
 waveform samples code2wav returned / its sample rate (the 12 Hz tokenizer: 1920 samples = 80 ms per
 frame at the released sizes). Engine start (``make_engine``) per stage and one warm-up request precede
 the measurements. V1 / V2: ``--runner`` (``VLLM_USE_V2_MODEL_RUNNER``), refused before any engine starts
-where the driver cannot run it.
+where the driver cannot run it. The code2wav engine (no attention, no KV cache) runs on the talker's runner,
+except V1 where this vLLM's V2 runner cannot run a model without a KV cache (vLLM 0.26); the report says
+which runner each engine had.
 
 Anchors, printed beside and never asserted: vLLM-Omni's published Qwen3-TTS 1.7B figures on an H200 (RTF
 0.16, time to first audio packet 64 ms at concurrency 1) and its H100 PR figure (~112 audio-s/s at
@@ -194,6 +196,8 @@ def start_engines(args: argparse.Namespace, backend, model_dir: str, prompt_len:
     mem = engine_memory_kw(backend, model_dir, max_model_len=talker_len, max_num_seqs=seqs, dtype=args.dtype)
     talker = make_engine(model_dir, device=args.device, max_model_len=talker_len, max_num_seqs=seqs, **common, **mem)
     info["talker_start_s"] = time.perf_counter() - t0
+    info["talker_runner"] = "v2" if talker.llm_engine.vllm_config.use_v2_model_runner else "v1"
+    info["code2wav_runner"] = code2wav_runner(info["talker_runner"])
     t0 = time.perf_counter()
     mem = engine_memory_kw(backend, model_dir, max_model_len=c2w_len, max_num_seqs=seqs, dtype=args.dtype)
     # every scheduled chunk request fits one step whole (a code2wav request is one forward, never chunked)
@@ -203,6 +207,27 @@ def start_engines(args: argparse.Namespace, backend, model_dir: str, prompt_len:
     info["code2wav_start_s"] = time.perf_counter() - t0
     info.update(talker_max_model_len=talker_len, code2wav_max_model_len=c2w_len, max_num_seqs=seqs, num_code_groups=q)
     return talker, c2w, info
+
+
+def code2wav_runner(talker_runner: str) -> str:
+    """The runner the code2wav engine gets: the talker's, except V1 where this vLLM's V2 runner cannot run a
+    model without a KV cache (vLLM 0.26's block tables assert; ``core.runner.v2.v2_runs_models_without_kv_cache``;
+    the omni V2 runner refuses it at engine start). vLLM caches its environment after an engine starts
+    (``vllm.envs.enable_envs_cache``) and each engine reads ``VLLM_USE_V2_MODEL_RUNNER`` once, when it is built,
+    so the variable is set for the code2wav engine with the cache dropped (``vllm.envs.disable_envs_cache``)."""
+    if talker_runner != "v2":
+        return talker_runner
+    from core.runner.v2 import v2_runs_models_without_kv_cache
+
+    if v2_runs_models_without_kv_cache():
+        return "v2"
+    import vllm.envs as envs
+
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    disable = getattr(envs, "disable_envs_cache", None)
+    if disable is not None:
+        disable()
+    return "v1"
 
 
 def talker_request(model_dir: str, text: str) -> tuple[dict, int]:
@@ -361,7 +386,7 @@ def run(args: argparse.Namespace) -> dict:
     res["info"].update(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), size=args.size,
         checkpoint=checkpoint_info(model_dir), model_dir=model_dir, device=backend.name, dtype=args.dtype,
-        runner=args.runner, v2_env=os.environ.get("VLLM_USE_V2_MODEL_RUNNER"), enforce_eager=args.enforce_eager,
+        runner=args.runner, enforce_eager=args.enforce_eager,
         frames=args.frames, chunk_frames=args.chunk_frames, first_chunk_frames=args.first_chunk_frames,
         left_context=args.left_context, reps=args.reps,
         prompt_len=prompt_len, torch=torch.__version__, host=platform.node(),
@@ -377,8 +402,8 @@ def render(res: dict) -> str:
     a = res["anchors"]
     lines = [f"Qwen3-TTS {i['size']} (random weights, {i['frames']} frames/request, first chunk "
              f"{i['first_chunk_frames']} frames, then chunks of {i['chunk_frames']} + "
-             f"{i['left_context']} context) through the core on {i['device']} {i['dtype']}, runner {i['runner']} "
-             f"(VLLM_USE_V2_MODEL_RUNNER={i['v2_env']}), enforce_eager={i['enforce_eager']}, vLLM {i['vllm']}, "
+             f"{i['left_context']} context) through the core on {i['device']} {i['dtype']}, talker on "
+             f"{i['talker_runner']}, code2wav on {i['code2wav_runner']} (--runner {i['runner']}), enforce_eager={i['enforce_eager']}, vLLM {i['vllm']}, "
              f"torch {i['torch']}, {i['date']}",
              "",
              f"engine start: talker {i['talker_start_s']:.1f} s, code2wav {i['code2wav_start_s']:.1f} s"
