@@ -14,11 +14,15 @@ Every request is a CustomVoice synthesis of the same text with a fixed output le
 frames (``max_tokens = frames + 1``, ``ignore_eos``; talker sampling temperature 0.9 / top-k 50 as
 vLLM-Omni's deploy config, per-request seeds). The talker's frames stream to code2wav in chunks of
 ``--chunk-frames`` (the first one ``--first-chunk-frames``; each chunk request carries ``--left-context``
-earlier frames and keeps the samples of its own frames), so the first audio comes while the talker runs. Both engines run in this process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and are stepped in turn by one loop (code2wav first, so a chunk
-submitted is decoded before the next talker step) -- the two stages do not overlap on the device, which
-makes these figures an upper bound on what a pipelined deployment (vLLM-Omni's separate stage processes,
-``core.pipeline``'s stage graph) takes.
+earlier frames and keeps the samples of its own frames), so the first audio comes while the talker runs. ``--engines``:
+
+- ``async`` (the default on a driver that captures graphs, where ``core.stage.make_async_engine`` exists):
+  two ``AsyncLLM`` engines, each engine core in its own process, the talker streaming ``DELTA`` outputs
+  and every chunk its own code2wav request decoded while the talker goes on -- the stages overlap on the
+  device, as in a pipelined deployment (vLLM-Omni's separate stage processes);
+- ``sync`` (the default on cpu): two in-process ``vllm.LLM`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) stepped
+  in turn by one loop (code2wav first, so a chunk submitted is decoded before the next talker step); the
+  stages do not overlap, so these figures are an upper bound on a pipelined deployment's.
 
 Reported per concurrency ``c`` (``--concurrency``): ``c`` requests submitted at once; ``c = 1`` runs
 ``--reps`` times one after another (medians). Time to first audio (TTFA) = from a request's submit to
@@ -111,6 +115,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dtype", default=None, choices=DTYPES,
                     help="model dtype (default: float32 for tiny, bfloat16 for the real sizes)")
     ap.add_argument("--runner", default="auto", choices=RUNNERS, help="vLLM model runner (VLLM_USE_V2_MODEL_RUNNER)")
+    ap.add_argument("--engines", default="auto", choices=("auto", "sync", "async"),
+                    help="sync: two in-process vllm.LLM stepped by one loop; async: two AsyncLLM (engine cores in "
+                         "their processes, stages overlap); auto: async where core.stage.make_async_engine exists "
+                         "and the driver captures graphs (a GPU), else sync")
     ap.add_argument("--enforce-eager", action="store_true", help="no compilation / graphs (cpu: always)")
     ap.add_argument("--seed", type=int, default=1234, help="checkpoint seed, 0..2**32-1")
     ap.add_argument("--model-dir", default=None, help="an existing checkpoint (default: write one)")
@@ -160,6 +168,13 @@ def prepare(args: argparse.Namespace):
         args.ap.error(f"--runner {args.runner}: {exc}")
     if args.runner != "auto":
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if args.runner == "v2" else "0"
+    import core.stage
+
+    has_async = hasattr(core.stage, "make_async_engine")
+    if args.engines == "async" and not has_async:
+        args.ap.error("--engines async: this tree's core.stage has no make_async_engine; use --engines sync")
+    if args.engines == "auto":
+        args.engines = "async" if has_async and backend.capabilities().static_graphs else "sync"
     return backend
 
 
@@ -182,9 +197,13 @@ def engine_lengths(args: argparse.Namespace, model_dir: str, prompt_len: int) ->
 
 
 def start_engines(args: argparse.Namespace, backend, model_dir: str, prompt_len: int) -> tuple[dict, dict, dict]:
-    """(talker LLM, code2wav LLM, info): both through ``core.stage.make_engine``, each engine start timed."""
-    from core.stage import make_engine
+    """(talker engine, code2wav engine, info): both through the core's factory -- ``core.stage.make_engine``
+    (``vllm.LLM``, ``--engines sync``) or ``core.stage.make_async_engine`` (``AsyncLLM``, ``--engines async``)
+    -- each engine start timed."""
+    import core.stage
     from omni_backends.engine_memory import engine_memory_kw
+
+    make_engine = core.stage.make_async_engine if args.engines == "async" else core.stage.make_engine
 
     talker_len, c2w_len, q = engine_lengths(args, model_dir, prompt_len)
     seqs = max(args.concurrency)
@@ -196,7 +215,7 @@ def start_engines(args: argparse.Namespace, backend, model_dir: str, prompt_len:
     mem = engine_memory_kw(backend, model_dir, max_model_len=talker_len, max_num_seqs=seqs, dtype=args.dtype)
     talker = make_engine(model_dir, device=args.device, max_model_len=talker_len, max_num_seqs=seqs, **common, **mem)
     info["talker_start_s"] = time.perf_counter() - t0
-    info["talker_runner"] = "v2" if talker.llm_engine.vllm_config.use_v2_model_runner else "v1"
+    info["talker_runner"] = "v2" if getattr(talker, "llm_engine", talker).vllm_config.use_v2_model_runner else "v1"
     info["code2wav_runner"] = code2wav_runner(info["talker_runner"])
     t0 = time.perf_counter()
     mem = engine_memory_kw(backend, model_dir, max_model_len=c2w_len, max_num_seqs=seqs, dtype=args.dtype)
@@ -333,6 +352,81 @@ class Streamer:
         return list(recs.values())
 
 
+class AsyncStreamer:
+    """:class:`Streamer` over two ``AsyncLLM`` engines (``core.stage.make_async_engine``): each engine core
+    runs in its own process, so talker steps and code2wav chunks overlap on the device, as in a pipelined
+    deployment. The talker streams ``RequestOutputKind.DELTA`` outputs (the rows since the previous one;
+    vLLM merges what a slow consumer has not taken); each chunk is its own code2wav request, decoded while
+    the talker goes on. Records as :meth:`Streamer.run`; ``first`` is the first chunk's, ``last`` the latest."""
+
+    def __init__(self, talker, c2w, args: argparse.Namespace, payload: dict, prompt_len: int) -> None:
+        self.talker, self.c2w, self.args = talker, c2w, args
+        self.payload, self.prompt_len = payload, prompt_len
+        self.count = 0
+
+    async def _chunk(self, rec: dict, codes, index: int, s0: int, start: int, end: int) -> None:
+        import torch
+        from vllm import SamplingParams
+
+        last = None
+        async for out in self.c2w.generate({"prompt_token_ids": codes[s0:end].t().reshape(-1).tolist()},
+                                           SamplingParams(max_tokens=1, detokenize=False), f"{rec['id']}:c{index}"):
+            last = out
+        now = time.perf_counter()
+        wav = last.multimodal_outputs["model_outputs"].reshape(-1)
+        if not bool(torch.isfinite(wav).all()):
+            raise RuntimeError(f"code2wav returned a non-finite waveform for {rec['id']} chunk {index}")
+        rec["samples"] += wav.shape[0] // max(1, end - s0) * (end - start)
+        rec["sr"] = int(last.multimodal_outputs["sr"].reshape(-1)[0])
+        if index == 0:
+            rec["first"] = now
+        rec["last"] = max(rec["last"] or now, now)
+
+    async def _one(self, seed: int) -> dict:
+        import asyncio
+
+        import torch
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        from core.hooks import MTP_SEED_KEY
+        from core.payloads import EXTRA_ARGS_KEY, pack
+
+        rid = f"r{self.count}"
+        self.count += 1
+        rec = {"id": rid, "submit": time.perf_counter(), "first": None, "last": None, "samples": 0, "sr": None,
+               "frames": 0, "chunks": 0}
+        p = SamplingParams(max_tokens=self.args.frames + 1, temperature=0.9, top_k=50, seed=seed, ignore_eos=True,
+                           detokenize=False, output_kind=RequestOutputKind.DELTA,
+                           extra_args={EXTRA_ARGS_KEY: pack(self.payload), MTP_SEED_KEY: seed})
+        rows, n_rows, sent, tasks = [], 0, 0, []
+        chunk, first = self.args.chunk_frames, self.args.first_chunk_frames
+        async for out in self.talker.generate({"prompt_token_ids": [0] * self.prompt_len}, p, rid):
+            new = (out.multimodal_outputs or {}).get("codes.audio")
+            if new is not None and new.numel():
+                rows.append(new)
+                n_rows += int(new.shape[0])
+            have = max(0, n_rows - self.prompt_len)
+            while have - sent >= (first if rec["chunks"] == 0 else chunk) or (out.finished and have > sent):
+                rows = [torch.cat(rows)]
+                frames = rows[0][self.prompt_len:]
+                end = min(have, sent + (first if rec["chunks"] == 0 else chunk))
+                tasks.append(asyncio.ensure_future(self._chunk(rec, frames, rec["chunks"],
+                                                               max(0, sent - self.args.left_context), sent, end)))
+                rec["chunks"] += 1
+                sent = end
+        rec["frames"] = n_rows - self.prompt_len
+        await asyncio.gather(*tasks)
+        if rec["first"] is None or rec["frames"] != self.args.frames:
+            raise RuntimeError(f"request {rid}: {rec['frames']} frames of {self.args.frames}, first audio {rec['first']}")
+        return rec
+
+    async def run(self, n: int) -> list[dict]:
+        import asyncio
+
+        return list(await asyncio.gather(*(self._one(1000 + self.count + i) for i in range(n))))
+
+
 # ------------------------------------------------------------------ measure
 def summarize(c: int, recs: list[dict]) -> dict:
     audio = [r["samples"] / r["sr"] for r in recs]
@@ -344,6 +438,32 @@ def summarize(c: int, recs: list[dict]) -> dict:
            "ttfa_ms": statistics.median((r["first"] - r["submit"]) * 1e3 for r in recs),
            "rtf": statistics.median((r["last"] - r["submit"]) / a for r, a in zip(recs, audio))}
     return row
+
+
+async def measure(args: argparse.Namespace, res: dict, talker, c2w, payload: dict, prompt_len: int) -> None:
+    """One warm-up request, then each concurrency (``res["rows"]``), in one event loop (an ``AsyncLLM`` stays
+    bound to the loop of its first request)."""
+    if args.engines == "async":
+        run_n = AsyncStreamer(talker, c2w, args, payload, prompt_len).run
+    else:
+        streamer = Streamer(talker, c2w, args, payload, prompt_len)
+
+        async def run_n(n: int) -> list[dict]:
+            return streamer.run(n)
+
+    t0 = time.perf_counter()
+    await run_n(1)  # warm-up
+    res["info"]["warmup_s"] = time.perf_counter() - t0
+    for c in args.concurrency:
+        print(f"[bench] concurrency {c} ...", file=sys.stderr, flush=True)
+        if c == 1:
+            recs = [r for _ in range(args.reps) for r in await run_n(1)]
+            row = summarize(1, recs)
+            row["audio_s_per_s"] = statistics.median(r["samples"] / r["sr"] / (r["last"] - r["submit"]) for r in recs)
+        else:
+            row = summarize(c, await run_n(c))
+        res["rows"].append(row)
+        print(f"[bench] {json.dumps(row)}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -369,24 +489,18 @@ def run(args: argparse.Namespace) -> dict:
     payload, prompt_len = talker_request(model_dir, args.text)
     talker, c2w, einfo = start_engines(args, backend, model_dir, prompt_len)
     res["info"].update(einfo)
-    streamer = Streamer(talker, c2w, args, payload, prompt_len)
-    t0 = time.perf_counter()
-    streamer.run(1)  # warm-up
-    res["info"]["warmup_s"] = time.perf_counter() - t0
-    for c in args.concurrency:
-        print(f"[bench] concurrency {c} ...", file=sys.stderr, flush=True)
-        if c == 1:
-            recs = [r for _ in range(args.reps) for r in streamer.run(1)]
-            row = summarize(1, recs)
-            row["audio_s_per_s"] = statistics.median(r["samples"] / r["sr"] / (r["last"] - r["submit"]) for r in recs)
-        else:
-            row = summarize(c, streamer.run(c))
-        res["rows"].append(row)
-        print(f"[bench] {json.dumps(row)}", file=sys.stderr, flush=True)
+    import asyncio
+
+    try:
+        asyncio.run(measure(args, res, talker, c2w, payload, prompt_len))
+    finally:
+        for engine in (talker, c2w):
+            if args.engines == "async":
+                engine.shutdown()
     res["info"].update(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), size=args.size,
         checkpoint=checkpoint_info(model_dir), model_dir=model_dir, device=backend.name, dtype=args.dtype,
-        runner=args.runner, enforce_eager=args.enforce_eager,
+        runner=args.runner, engines=args.engines, enforce_eager=args.enforce_eager,
         frames=args.frames, chunk_frames=args.chunk_frames, first_chunk_frames=args.first_chunk_frames,
         left_context=args.left_context, reps=args.reps,
         prompt_len=prompt_len, torch=torch.__version__, host=platform.node(),
@@ -403,7 +517,7 @@ def render(res: dict) -> str:
     lines = [f"Qwen3-TTS {i['size']} (random weights, {i['frames']} frames/request, first chunk "
              f"{i['first_chunk_frames']} frames, then chunks of {i['chunk_frames']} + "
              f"{i['left_context']} context) through the core on {i['device']} {i['dtype']}, talker on "
-             f"{i['talker_runner']}, code2wav on {i['code2wav_runner']} (--runner {i['runner']}), enforce_eager={i['enforce_eager']}, vLLM {i['vllm']}, "
+             f"{i['talker_runner']}, code2wav on {i['code2wav_runner']} (--runner {i['runner']}), {i['engines']} engines, enforce_eager={i['enforce_eager']}, vLLM {i['vllm']}, "
              f"torch {i['torch']}, {i['date']}",
              "",
              f"engine start: talker {i['talker_start_s']:.1f} s, code2wav {i['code2wav_start_s']:.1f} s"
