@@ -13,6 +13,9 @@ option -- before any engine or checkpoint work (each case returns in seconds). O
 their options are listed; ``bench_core_runner.py`` and ``bench_pipeline.py`` (other owners) do not yet
 range-check theirs (``--rounds 0`` ends in ``StatisticsError`` after the engines ran).
 
+``bench_qwen3_tts.py`` has a second row, ``--engines async`` (two ``AsyncLLM``, engine cores spawned), which
+runs once ``core.stage.make_async_engine`` is in the tree and is skipped, saying so, before.
+
 A new script in ``bench/`` must get a row here (or a line in :data:`GPU_ONLY`, the scripts that need CUDA):
 :func:`test_every_bench_script_has_a_row` fails otherwise.
 """
@@ -47,6 +50,28 @@ class Bench:
     keys: frozenset[str]
     #: figures that must be present and > 0: (description, getter)
     figures: tuple[tuple[str, Callable[[Any], Any]], ...] = ()
+    #: the row's id (default: the script's name)
+    name: str | None = None
+    #: why this row cannot run in this tree, or None (checked before the scripts start)
+    unavailable: Callable[[], str | None] = lambda: None
+
+    @property
+    def id(self) -> str:
+        return self.name or self.script
+
+
+def _no_async_factory() -> str | None:
+    import core.stage
+
+    return None if hasattr(core.stage, "make_async_engine") else "core.stage has no make_async_engine in this tree"
+
+
+_QWEN3_FIGURES = (("TTFA ms, concurrency 1", lambda d: d["rows"][0]["ttfa_ms"]),
+                  ("RTF, concurrency 1", lambda d: d["rows"][0]["rtf"]),
+                  ("audio-s/s, concurrency 2", lambda d: d["rows"][1]["audio_s_per_s"]),
+                  ("talker engine start s", lambda d: d["info"]["talker_start_s"]))
+_QWEN3_ARGS = ("--size", "tiny", "--device", "cpu", "--frames", "8", "--chunk-frames", "4", "--concurrency", "1,2",
+               "--reps", "1")
 
 
 BENCHES = [
@@ -67,14 +92,11 @@ BENCHES = [
           "bench_devices.json", frozenset({"cold_devices", "warm", "imports", "goal"}),
           (("cold devices median s", lambda d: d["cold_devices"]["median"]),
            ("warm decide median s", lambda d: d["warm"]["decide_median"]))),
-    Bench("bench_qwen3_tts.py", ("--size", "tiny", "--device", "cpu", "--frames", "8", "--chunk-frames", "4",
-                                 "--concurrency", "1,2", "--reps", "1"),
-          "bench_qwen3_tts.json", frozenset({"info", "rows", "anchors"}),
-          (("TTFA ms, concurrency 1", lambda d: d["rows"][0]["ttfa_ms"]),
-           ("RTF, concurrency 1", lambda d: d["rows"][0]["rtf"]),
-           ("audio-s/s, concurrency 2", lambda d: d["rows"][1]["audio_s_per_s"]),
-           ("talker engine start s", lambda d: d["info"]["talker_start_s"]))),
-
+    Bench("bench_qwen3_tts.py", _QWEN3_ARGS, "bench_qwen3_tts.json", frozenset({"info", "rows", "anchors"}),
+          _QWEN3_FIGURES),
+    Bench("bench_qwen3_tts.py", (*_QWEN3_ARGS, "--engines", "async"), "bench_qwen3_tts.json",
+          frozenset({"info", "rows", "anchors"}), _QWEN3_FIGURES, name="bench_qwen3_tts.py-async",
+          unavailable=_no_async_factory),
 ]
 #: scripts that need CUDA (one or two GPUs) and run only on the GPU machine, with why
 GPU_ONLY = {"bench_cuda.py": "the cuda driver's graph replay and copies (torch CUDA, no vLLM)",
@@ -131,26 +153,28 @@ def bench_runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixture
 
     def start() -> None:
         for b in BENCHES:
-            out = base / b.script.removesuffix(".py")
+            if b.unavailable() is not None:
+                continue
+            out = base / b.id.removesuffix(".py")
             out.mkdir()
-            log = base / f"{b.script}.stderr"
+            log = base / f"{b.id}.stderr"
             args = [sys.executable, str(BENCH / b.script), *b.args] + (["--out", str(out)] if b.json_file else [])
             with open(log, "w") as err, open(out / "stdout.txt", "w") as so:
-                procs[b.script] = (subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=so, stderr=err, text=True),
+                procs[b.id] = (subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=so, stderr=err, text=True),
                                    out, log)
 
-    def run(script: str):
+    def run(name: str):
         if not procs:
             start()
-        if script not in done:
-            proc, out, log = procs[script]
+        if name not in done:
+            proc, out, log = procs[name]
             try:
                 rc: int | str = proc.wait(timeout=TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 rc = "timeout"
-            done[script] = (rc, (out / "stdout.txt").read_text(), log.read_text(), out)
-        return done[script]
+            done[name] = (rc, (out / "stdout.txt").read_text(), log.read_text(), out)
+        return done[name]
 
     request.addfinalizer(lambda: [p.kill() for p, _, _ in procs.values() if p.poll() is None])
     return run
@@ -165,9 +189,12 @@ def test_every_bench_script_has_a_row() -> None:
 
 @pytest.mark.slow
 @pytest.mark.engine_tier
-@pytest.mark.parametrize("bench", BENCHES, ids=[b.script for b in BENCHES])
+@pytest.mark.parametrize("bench", BENCHES, ids=[b.id for b in BENCHES])
 def test_bench_script_runs_and_writes_its_json(bench: Bench, bench_runs) -> None:
-    rc, stdout, stderr, out = bench_runs(bench.script)
+    reason = bench.unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    rc, stdout, stderr, out = bench_runs(bench.id)
     assert rc == 0, f"bench/{bench.script} {' '.join(bench.args)} exited {rc}:\n{stderr[-4000:]}\n{stdout[-2000:]}"
     if bench.json_file is not None:
         path = out / bench.json_file
