@@ -46,14 +46,16 @@ vLLM-Omni's own runner (``--upstream``, not offered): vllm-omni 0.26.0 exists on
 release that pairs with the H200's vLLM 0.26. It is not run here because (1) its package ``__init__``
 imports ``patch.py``, which replaces vLLM's ``Request`` / ``EngineCoreOutput(s)`` / ``TokensPrompt`` /
 ``MRotaryEmbedding`` classes process-wide, so it cannot share a process with the core's engines -- the
-"same command" comparison needs a second process and a second model stack; (2) its wheel declares 23
-runtime requirements (``Requires-Dist``) of which the H200 stack (``tools/gpu-stack``) lacks at least
-``diffusers==0.38.0``, ``accelerate==1.12.0``, ``cache-dit``, ``omegaconf``, ``openai-whisper``,
-``onnxruntime``, ``fa3-fwd``, ``x-transformers``, ``torchsde``, ``aenum``, ``janus``, ``gguf``,
-``av``, ``imageio[ffmpeg]`` besides the ``soundfile`` / ``einops`` / ``prettytable`` the qwen3 part
-already carries (``ci/gpu/README.md``), and the machine has no network to fetch them; (3) vllm-omni
-0.26.0 itself was never run against this checkpoint layout (sharded, random). Until those wheels are
-carried in ``.whl/``, the ratio to vLLM-Omni's own runner is the published anchors above.
+"same command" comparison needs a second process and a second model stack; (2) its wheel declares 24
+runtime requirements (``Requires-Dist``), of which ``diffusers==0.38.0``, ``accelerate==1.12.0``,
+``cache-dit``, ``omegaconf``, ``openai-whisper``, ``onnxruntime``, ``fa3-fwd``, ``x-transformers``,
+``torchsde``, ``aenum``, ``janus``, ``av`` and ``imageio[ffmpeg]`` are not in the H200 stack
+(``tools/gpu-stack/requirements-py312.txt``; ``patch.py`` itself imports ``aenum`` first thing), besides the
+``soundfile`` / ``einops`` / ``prettytable`` the qwen3 part already carries (``ci/gpu/README.md``), and the
+machine has no network and takes 64 MiB of files per command; (3) vllm-omni 0.26.0 was never run against
+this checkpoint layout (sharded, random) nor checked on vLLM 0.26 here. Carrying those wheels in ``.whl/``
+and a second process running its ``Omni`` entry point with ``deploy/qwen3_tts.yaml`` is the next step;
+until then the ratio to vLLM-Omni's own runner is against the published anchors above.
 
 Prints Markdown; ``--out DIR`` writes ``bench_qwen3_tts.json`` / ``.md``. Bad input (an option out of
 range, ``--device`` without its stack, a runner the driver lacks) is one error, exit status 2, before any
