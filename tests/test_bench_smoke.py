@@ -4,8 +4,9 @@ One row per script (:data:`BENCHES`): tiny options, ``--out DIR`` where the scri
 is read back; ``bench_pipeline.py`` prints its JSON report on stdout instead). Each must exit 0 and write
 well-formed JSON with the expected keys, and every number in it must be finite; the listed figures must
 be > 0 (a figure that is zero or missing means the measurement did not happen). Nothing compares a time
-with a bound. The scripts run as subprocesses, all started at the first test and run concurrently, so
-the smoke costs about the slowest one (~1-1.5 min on a 2-core CI box).
+with a bound. The scripts run as subprocesses, all started at the first test and run concurrently
+(measured 2026-12-02 on the shared 2-core box, load average 6-10 from other runs: ~2 min of CPU, 3.2 min
+wall for the file; ``bench_pipeline.py`` is the longest, ~1 min alone).
 
 Bad input (:data:`BAD_INPUT`): an option out of range, or ``--device`` naming a driver whose stack is not
 installed here (``cuda`` on the cpu box), is one error -- exit status 2 (argparse's), a message naming the
