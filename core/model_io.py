@@ -118,8 +118,9 @@ class ModelOutputAdapter:
         """Make every call of the model carry ``inputs_embeds``: a call that
         passes ``input_ids`` and ``inputs_embeds=None`` (vLLM's ``_dummy_run``:
         profile, warm-up, graph capture) gets ``embeds_for_ids(input_ids)``
-        (``[num_tokens, H]``, the runner's persistent ``inputs_embeds`` buffer
-        filled with the token embeddings) instead; ``input_ids`` stays.
+        (``[num_tokens, H]``, the runner's persistent ``inputs_embeds`` buffer,
+        which a captured graph then reads at every replay) instead;
+        ``input_ids`` stays.
 
         For a model whose real steps always take embeddings (vLLM-Omni's
         ``preprocess`` models such as the Qwen3-TTS talker): vLLM compiles the

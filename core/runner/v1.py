@@ -73,11 +73,12 @@ class OmniV1RunnerMixin:
                 self._omni_io.feed_embeddings(self._omni_dummy_embeds)
 
     def _omni_dummy_embeds(self, input_ids: Any) -> Any:
-        """``[num_tokens, H]``: the persistent ``inputs_embeds`` buffer holding ``input_ids``' token embeddings
-        (what vLLM's own dummy run passes for a model taking prompt embeddings)."""
-        embeds = self.inputs_embeds.gpu[: input_ids.shape[0]]
-        embeds.copy_(self.model.embed_input_ids(input_ids))
-        return embeds
+        """``[num_tokens, H]``: the persistent ``inputs_embeds`` buffer as it is -- what vLLM's own dummy run
+        passes for a model taking prompt embeddings. Nothing is written into it here: a FULL graph captured
+        from this call must read the buffer the real step's ``preprocess`` (and talker MTP) filled, not
+        recompute the token embeddings over it (the H200, 2026-12-02: the Qwen3-TTS talker's decode codes
+        went wrong under FULL_AND_PIECEWISE when the dummy run filled it)."""
+        return self.inputs_embeds.gpu[: input_ids.shape[0]]
 
     def _omni_mtp_runner(self, head: Any, eager: Any, hidden_size: int) -> Any:
         """The talker MTP on persistent buffers ``[max_num_reqs, hidden_size]``
