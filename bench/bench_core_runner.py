@@ -32,9 +32,15 @@ Runs with ``OMP_NUM_THREADS=1`` unless set (see below), in-process engines.
    blocks of ``iters`` calls each; medians of the per-call times.
    Goal: driver/raw <= 1.02.
 
-``--profile`` adds a cProfile of omni decode steps (batch 8) listing where the
-runner's own time goes. Prints Markdown; ``--out DIR`` also writes
+``--profile`` adds a cProfile of the ``omni`` and ``omni-plain`` decode steps (the largest
+batch) listing where the runner's own time goes (this project's ``core/`` and
+``omni_backends/`` functions). Prints Markdown; ``--out DIR`` also writes
 ``bench_core_runner.json`` / ``.md`` there.
+
+Bad options (``--batches`` / ``--rounds`` / ``--max-tokens`` / ``--reps`` / ``--iters`` out of
+range, an unknown ``--device``) are refused by the argument parser, before any engine
+starts; so is ``VLLM_USE_V2_MODEL_RUNNER=1`` on a driver whose V2 runner cannot run
+(``capabilities().v2_runner``, e.g. ``cpu``: vLLM's V2 runner needs Triton).
 
 On a GPU (``--device cuda``, ``ci/gpu/bench.sh``): ``--dtype bfloat16``,
 vLLM's defaults for the device (compilation + CUDA graphs; ``--enforce-eager``
@@ -66,13 +72,17 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ENGINE_KW = dict(dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=16, seed=0)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: longest prompt of :func:`prompts`; prompt + ``--max-tokens`` must fit ``max_model_len``
+MAX_PROMPT = 13
+MAX_TOKENS_LIMIT = ENGINE_KW["max_model_len"] - MAX_PROMPT
 
 
 def engine_kw(args: argparse.Namespace, model: str, batches: list[int]) -> dict:
     """``ENGINE_KW`` on cpu (as before); on another device vLLM's defaults (graphs) unless ``--enforce-eager``,
     ``--dtype``, ``max_num_seqs`` covering the largest batch, and a KV cache sized for the model."""
     if args.device == "cpu" and not args.graphs:
-        return dict(ENGINE_KW, dtype=args.dtype)
+        return dict(ENGINE_KW, dtype=args.dtype, max_num_seqs=max(ENGINE_KW["max_num_seqs"], max(batches)))
     from omni_backends.engine_memory import engine_memory_kw
     from core.stage import prepare_device
 
@@ -244,29 +254,73 @@ def bench_paths(backend, vllm_config, reps: int, iters: int) -> dict:
     return out
 
 
-def profile_omni(llm, batch: int, max_tokens: int, output_kind: str, top: int = 25) -> str:
+def profile_omni(llm, batch: int, max_tokens: int, output_kind: str, top: int = 25, name: str = "omni") -> str:
+    """cProfile of 3 runs of ``batch`` requests' decode steps on ``llm`` alone: this project's
+    ``core/`` and ``omni_backends/`` functions, by cumulative time (the runner's own cost per step)."""
     import cProfile
     import io
     import pstats
+    import re
 
     prof = cProfile.Profile()
     prof.enable()
     for i in range(3):
-        measure_decode({"omni": llm}, batch, max_tokens, f"prof{i}", output_kind)
+        measure_decode({name: llm}, batch, max_tokens, f"prof-{name}{i}", output_kind)
     prof.disable()
     s = io.StringIO()
     st = pstats.Stats(prof, stream=s).sort_stats("cumulative")
-    st.print_stats(r"core/|omni_backends/", top)
+    st.print_stats(re.escape(ROOT) + r"/(core|omni_backends)/", top)
     return s.getvalue()
+
+
+def _positive(what: str, low: int = 1, high: int | None = None):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            span = f"{low}..{high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"{what} must be an integer {span}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _batches(text: str) -> list[int]:
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values) or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"--batches takes distinct positive integers separated by commas "
+                                         f"(e.g. 1,8,64), got {text!r}")
+    return values
+
+
+def _check_device(ap: argparse.ArgumentParser, device: str) -> str:
+    """The canonical driver name of ``--device``; an unknown one is a parser error listing the installed
+    drivers (:func:`omni_backends.registry.decision.resolve_name`, nothing imported of vLLM)."""
+    from omni_backends.errors import UnknownDeviceError
+    from omni_backends.registry.decision import resolve_name
+    from omni_backends.registry.discovery import discover
+
+    entries, _ = discover()
+    try:
+        return resolve_name(device, entries)
+    except UnknownDeviceError as e:
+        ap.error(str(e))
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--reps", type=int, default=41)
-    ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--rounds", type=_positive("--rounds"), default=20)
+    ap.add_argument("--max-tokens", type=_positive("--max-tokens", 2, MAX_TOKENS_LIMIT), default=64,
+                    help=f"tokens per request, 2..{MAX_TOKENS_LIMIT} (one prefill step, then max_tokens-1 decode steps)")
+    ap.add_argument("--batches", type=_batches, default=[1, 8], help="requests per engine, e.g. 1,8,64")
+    ap.add_argument("--reps", type=_positive("--reps"), default=41)
+    ap.add_argument("--iters", type=_positive("--iters"), default=2000)
     ap.add_argument("--demo-dir", default=None, help="existing demo models (default: created in a temp dir)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--output-kind", default="FINAL_ONLY", choices=["FINAL_ONLY", "CUMULATIVE", "DELTA"],
@@ -281,15 +335,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--graphs", action="store_true", help="cpu: vLLM's defaults instead of the eager ENGINE_KW")
     ap.add_argument("--both-orders", action="store_true",
                     help="run twice in child processes, engines created in --create-order and reversed; combine")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    args.device = _check_device(ap, args.device)
+    return args
 
 
 def run(args: argparse.Namespace) -> dict:
     """Build the engines in this process and measure; returns the raw result."""
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = list(args.batches)
 
     from core.models.create import create_demo_models, stock_thinker_view
-    from core.stage import make_engine
+    from core.stage import make_engine, prepare_device
+
+    sel = prepare_device(args.device)  # before any engine: the driver, and whether it runs vLLM's V2 runner
+    import vllm.envs as vllm_envs
+
+    if vllm_envs.VLLM_USE_V2_MODEL_RUNNER and not sel.backend.capabilities().v2_runner:
+        raise SystemExit(f"VLLM_USE_V2_MODEL_RUNNER=1 but driver {sel.name!r} cannot run vLLM's V2 model runner "
+                         "(capabilities().v2_runner is False); unset it or set it to 0 to bench the V1 runner")
 
     tmp = None
     demo = args.demo_dir
@@ -336,8 +399,8 @@ def run(args: argparse.Namespace) -> dict:
     decode = bench_decode(engines, batches, args.rounds, args.max_tokens, args.output_kind)
     paths = bench_paths(get_backend(), engines["stock"].llm_engine.vllm_config, args.reps, args.iters)
     info["loadavg_end"] = os.getloadavg()
-    prof = profile_omni(engines["omni"], max(batches), args.max_tokens, args.output_kind) \
-        if args.profile and "omni" in engines else None
+    prof = "\n".join(f"#### {n}\n\n" + profile_omni(engines[n], max(batches), args.max_tokens, args.output_kind, name=n)
+                     for n in ("omni", "omni-plain") if n in engines) if args.profile else None
     return {"info": info, "decode": {str(k): v for k, v in decode.items()}, "paths": paths, "profile": prof}
 
 
@@ -417,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         text = report(res)
         print(text)
         if res["profile"]:
-            print("\ncProfile, omni decode steps, core/ and omni_backends/ functions:\n" + res["profile"])
+            print("\ncProfile, decode steps, core/ and omni_backends/ functions:\n" + res["profile"])
         if args.out:
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "bench_core_runner.json"), "w") as f:

@@ -31,7 +31,7 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.output_processor import OutputProcessor, RequestOutputCollector
 
 from core.kinds import AR, GENERATION
-from core.outputs import merge_step_outputs
+from core.outputs import StepAccumulator, merge_step_outputs
 from core.payloads import EXTRA_ARGS_KEY, unpack
 from core.seams import ASYNC_SCHEDULER, ASYNC_SCHEDULING
 
@@ -65,22 +65,36 @@ class OmniSchedulerMixin:
         self._omni_pending: dict[str, list[dict[str, torch.Tensor]]] = {}
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> dict[int, EngineCoreOutputs]:
-        for req_id, step in (getattr(model_runner_output, "multimodal_outputs", None) or {}).items():
-            self._omni_pending.setdefault(req_id, []).append(step)
+        step = getattr(model_runner_output, "multimodal_outputs", None)
+        pending = self._omni_pending
         result = super().update_from_output(scheduler_output, model_runner_output)
-        if not self._omni_pending:
+        if not step and not pending:  # a stock model, or a step without multimodal outputs
             return result
+        step = step or {}
+        attached = 0
+        astuple = msgspec.structs.astuple
         for eco_batch in result.values():
             outs = eco_batch.outputs
             for j, eco in enumerate(outs):
-                steps = self._omni_pending.pop(eco.request_id, None)
-                if steps:
-                    mm = steps[0] if len(steps) == 1 else merge_step_outputs(steps)
+                rid = eco.request_id
+                mm = step.get(rid)
+                if mm is not None:
+                    attached += 1
+                if pending:
+                    held = pending.pop(rid, None)
+                    if held:  # outputs of earlier steps the scheduler emitted nothing for (chunked prefill)
+                        mm = merge_step_outputs(held + [mm] if mm is not None else held)
+                if mm:
                     # positional (7x cheaper than asdict + keywords): the parent's fields in order, then ours
-                    outs[j] = OmniEngineCoreOutput(*msgspec.structs.astuple(eco), mm)
-        for req_id in list(self._omni_pending):
-            if req_id not in self.requests:
-                del self._omni_pending[req_id]
+                    outs[j] = OmniEngineCoreOutput(*astuple(eco), mm)
+        if attached < len(step):  # some requests got no output this step: hold theirs for their next one
+            emitted = {eco.request_id for b in result.values() for eco in b.outputs}
+            for rid, mm in step.items():
+                if rid not in emitted:
+                    pending.setdefault(rid, []).append(mm)
+        if pending:
+            for rid in [r for r in pending if r not in self.requests]:  # finished or aborted: dropped
+                del pending[rid]
         return result
 
 
@@ -128,17 +142,15 @@ class OmniRequestState:
     them when it frees the state (request finished or aborted).
 
     ``RequestOutputKind.DELTA``: the steps since the previous output; ``CUMULATIVE`` / ``FINAL_ONLY``: every
-    step so far (merged once and kept: later steps append to the merged dict)."""
+    step so far (a :class:`~core.outputs.StepAccumulator`: each read copies the new rows only)."""
 
-    omni_steps: list[dict[str, torch.Tensor]]
+    omni_steps: StepAccumulator
 
     def omni_take(self) -> dict[str, torch.Tensor]:
         steps = self.omni_steps
-        if len(steps) > 1:
-            steps[:] = [merge_step_outputs(steps)]
-        mm = dict(steps[0]) if steps else {}
+        mm = steps.merged() if len(steps) else {}  # new rows only are copied per read (StepAccumulator)
         if getattr(self, "output_kind", None) == RequestOutputKind.DELTA:
-            self.omni_steps = []
+            self.omni_steps = StepAccumulator()
         return mm
 
     def make_request_output(self, *args: Any, **kwargs: Any) -> Any:
@@ -210,7 +222,7 @@ class OmniOutputProcessor(OutputProcessor):
         state = self.request_states.get(request.request_id)
         if state is not None and not isinstance(state, OmniRequestState):
             state.__class__ = _omni_state_cls(type(state))
-            state.omni_steps = []
+            state.omni_steps = StepAccumulator()
         return result
 
 

@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 import torch
 
+from core.outputs import OmniOutput
 from core.seams import ASYNC_MODEL_RUNNER_OUTPUT, COPY_INPUTS
 
 log = logging.getLogger(__name__)
@@ -68,8 +69,9 @@ class ModelOutputAdapter:
       ``max_num_batched_tokens``, the most any call can carry).
     - ``hidden_size`` / ``dtype``: of the placeholder returned for models
       whose output has ``text_hidden_states=None`` (generation kinds such as
-      code2wav): zeros ``[num_tokens, hidden_size]``, which vLLM's logits path
-      then reads.
+      code2wav): zeros ``[num_tokens, hidden_size]`` on the device of the
+      call's inputs (``inputs_embeds`` / ``input_ids`` / ``positions``), which
+      vLLM's logits path then indexes with device indices.
 
     Every call: text hidden states ``[num_tokens, H]`` are returned; each
     multimodal output that is a tensor with first dim ``num_tokens`` is copied
@@ -78,6 +80,9 @@ class ModelOutputAdapter:
     captured graph writes the same memory on every replay); other values
     (per-request lists, nested dicts) are kept as this call's Python objects.
 
+    ``persistent=False`` (an engine without graphs: nothing replays a capture)
+    keeps each call's own tensors instead of copying them into the buffers.
+
     The runner brackets a real step with :meth:`begin_step` and, after the
     forward, reads :meth:`take`. Raises ``RuntimeError`` from :meth:`take` when
     a step replayed a graph (no Python ran) but the model's outputs include
@@ -85,9 +90,10 @@ class ModelOutputAdapter:
     """
 
     def __init__(self, model: Any, max_num_tokens: int, hidden_size: int | None = None, dtype: Any = None,
-                 *, keep_hidden: bool = False) -> None:
+                 *, keep_hidden: bool = False, persistent: bool = True) -> None:
         self.max_num_tokens = int(max_num_tokens)
         self.keep_hidden = keep_hidden
+        self.persistent = persistent
         self._hidden: torch.Tensor | None = None
         self.hidden_size, self.dtype = hidden_size, dtype
         self._buffers: dict[str, torch.Tensor] = {}
@@ -97,25 +103,59 @@ class ModelOutputAdapter:
         self._object_keys: tuple[str, ...] = ()
         self._called = False
         self.calls = 0
+        self._model = model
+        self._embeds_handle: Any = None
         self._handle = model.register_forward_hook(self._on_forward, with_kwargs=True)
 
     def remove(self) -> None:
-        """Remove the hook (the model then returns its own outputs again)."""
+        """Remove the hooks (the model then returns its own outputs again)."""
         self._handle.remove()
+        if self._embeds_handle is not None:
+            self._embeds_handle.remove()
+            self._embeds_handle = None
+
+    def feed_embeddings(self, embeds_for_ids: Any) -> None:
+        """Make every call of the model carry ``inputs_embeds``: a call that
+        passes ``input_ids`` and ``inputs_embeds=None`` (vLLM's ``_dummy_run``:
+        profile, warm-up, graph capture) gets ``embeds_for_ids(input_ids)``
+        (``[num_tokens, H]``, the runner's persistent ``inputs_embeds`` buffer,
+        which a captured graph then reads at every replay) instead;
+        ``input_ids`` stays.
+
+        For a model whose real steps always take embeddings (vLLM-Omni's
+        ``preprocess`` models such as the Qwen3-TTS talker): vLLM compiles the
+        decoder on its first call and drops Dynamo's guards, so a decoder
+        traced on the ``input_ids`` path of a dummy run ignores the
+        ``inputs_embeds`` of every real step (the H200, 2026-12-02: garbage
+        codes under compilation, right ones eager). Only keyword calls are
+        changed (vLLM calls the model with keywords)."""
+        if self._embeds_handle is not None:
+            self._embeds_handle.remove()
+
+        def pre(module: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+            ids = kwargs.get("input_ids")
+            if kwargs.get("inputs_embeds") is None and isinstance(ids, torch.Tensor) and len(args) < 4:
+                kwargs = dict(kwargs, inputs_embeds=embeds_for_ids(ids))
+                return args, kwargs
+            return None
+
+        self._embeds_handle = self._model.register_forward_pre_hook(pre, with_kwargs=True)
 
     # ---------------------------------------------------------------- the hook
     def _on_forward(self, module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> torch.Tensor:
         self.calls += 1
         hidden, mm = split_output(output)
         if hidden is None:
-            hidden = self._zeros(_num_tokens(args, kwargs))
+            hidden = self._zeros(*_num_tokens(args, kwargs))
         n = int(hidden.shape[0])
+        persistent = self.persistent
         if self.keep_hidden:
-            self._hidden = _persistent(self._hidden, hidden, self.max_num_tokens)
+            self._hidden = _persistent(self._hidden, hidden, self.max_num_tokens) if persistent else hidden
         tensor_keys, objects = [], {}
         for key, value in mm.items():
             if isinstance(value, torch.Tensor) and value.dim() >= 1 and int(value.shape[0]) == n:
-                self._buffers[key] = _persistent(self._buffers.get(key), value, self.max_num_tokens)
+                self._buffers[key] = _persistent(self._buffers.get(key), value, self.max_num_tokens) \
+                    if persistent else value
                 tensor_keys.append(key)
             else:
                 objects[key] = value
@@ -123,12 +163,10 @@ class ModelOutputAdapter:
         self._object_keys = tuple(objects)
         return hidden
 
-    def _zeros(self, n: int) -> torch.Tensor:
+    def _zeros(self, n: int, device: torch.device) -> torch.Tensor:
         if self.hidden_size is None:
             raise TypeError("the omni model returned text_hidden_states=None but the runner gave no hidden_size")
-        if self._placeholder is None or self._placeholder.shape[0] < n:
-            p = next(iter(self._buffers.values()), None)
-            device = p.device if p is not None else None
+        if self._placeholder is None or self._placeholder.shape[0] < n or self._placeholder.device != device:
             self._placeholder = torch.zeros(max(n, self.max_num_tokens), self.hidden_size, dtype=self.dtype,
                                             device=device)
         return self._placeholder[:n]
@@ -145,8 +183,6 @@ class ModelOutputAdapter:
         ``keep_hidden=True``) and the multimodal outputs (token-aligned ones as
         views ``[:num_tokens]`` of the persistent buffers, valid until the next
         forward)."""
-        from core.outputs import OmniOutput
-
         if isinstance(hidden, int):
             if self._hidden is None:
                 raise RuntimeError("no forward of the model was seen (neither eager nor a captured graph)")
@@ -164,16 +200,17 @@ class ModelOutputAdapter:
 
 
 
-def _num_tokens(args: Any, kwargs: dict[str, Any]) -> int:
-    """Tokens of a model call: ``inputs_embeds`` / ``input_ids`` rows, else
-    ``positions``' last dim (``[num_tokens]`` or M-RoPE's ``[3, num_tokens]``)."""
+def _num_tokens(args: Any, kwargs: dict[str, Any]) -> tuple[int, torch.device]:
+    """Tokens of a model call and the device its inputs are on: ``inputs_embeds`` /
+    ``input_ids`` rows, else ``positions``' last dim (``[num_tokens]`` or M-RoPE's
+    ``[3, num_tokens]``)."""
     named = dict(zip(("input_ids", "positions", "intermediate_tensors", "inputs_embeds"), args))
     named.update(kwargs)
     for key in ("inputs_embeds", "input_ids"):
         if isinstance(named.get(key), torch.Tensor):
-            return int(named[key].shape[0])
+            return int(named[key].shape[0]), named[key].device
     if isinstance(named.get("positions"), torch.Tensor):
-        return int(named["positions"].shape[-1])
+        return int(named["positions"].shape[-1]), named["positions"].device
     raise TypeError("cannot tell the number of tokens of a model call with text_hidden_states=None")
 
 

@@ -111,6 +111,16 @@ class PayloadStore:
                 entry[key] = self._place((key, None), value)
         return entry
 
+    def entries(self, req_ids: Iterable[str]) -> list[dict[str, Any]]:
+        """The live state dicts of ``req_ids``, in order (an empty one created and stored for an unknown
+        id, as ``put(req_id, None)`` does)."""
+        data = self._data
+        req_ids = list(req_ids)
+        out = list(map(data.get, req_ids))
+        if None in out:  # (a dict is never None: the identity test settles each comparison)
+            out = [e if e is not None else data.setdefault(r, {}) for r, e in zip(req_ids, out)]
+        return out
+
     def get(self, req_id: str) -> dict[str, Any]:
         """A request's live state dict (an empty dict, not stored, when unknown)."""
         return self._data.get(req_id, {})

@@ -113,6 +113,7 @@ OUTPUT_PROCESSOR_REQUEST_IDS = _attr("vllm.v1.engine.output_processor", "OutputP
 PIPELINE_SYMBOLS = (ENGINE_CORE_PROCESSES, ENGINE_CORE_SHUTDOWN, ENGINE_DEAD_ERROR, ASYNC_LLM_SHUTDOWN,
                     ASYNC_LLM_ERRORED, ASYNC_LLM_ABORT, ASYNC_LLM_GENERATE, OUTPUT_PROCESSOR_REQUEST_IDS)
 
+
 # ------------------------------------------------------------------ graphs (core.hooks.graphs)
 CUDAGRAPH_MODE = _cls("vllm.config", "CUDAGraphMode")
 BATCH_DESCRIPTOR = VendorSymbol("vllm.forward_context", "BatchDescriptor", params=("num_tokens",),
@@ -198,6 +199,12 @@ V2_SAMPLER_ATTR = _attr(_V2, "GPUModelRunner.sampler")
 V2_ENCODER_CACHE_ATTR = _attr(_V2, "GPUModelRunner.encoder_cache")
 #: the V2 runner's graph capture (no arguments), after which the talker MTP's graphs are captured (every version)
 V2_CAPTURE_MODEL = _call(_V2, "GPUModelRunner.capture_model")
+#: the V2 runner's KV-cache set-up (``kv_cache_config``, passed through), after which the runner checks that this
+#: vLLM's V2 block tables hold a model without a KV cache: ``BlockTables.apply_staged_writes`` with no KV-cache
+#: group returns at once in vLLM 0.32+ and asserts in 0.26 (the H200, 2026-12-02: vLLM-Omni's Qwen3TTSCode2Wav)
+V2_INITIALIZE_KV_CACHE = _call(_V2, "GPUModelRunner.initialize_kv_cache", "kv_cache_config")
+V2_BLOCK_TABLES_STAGED_WRITES = _call("vllm.v1.worker.gpu.block_table", "BlockTables.apply_staged_writes")
+V2_BLOCK_TABLES_ATTR = _attr(_V2, "GPUModelRunner.block_tables")
 REQUIRES_RAW_INPUT_TOKENS = _call("vllm.model_executor.models.interfaces", "requires_raw_input_tokens", "model")
 
 V2_SYMBOLS: tuple[VendorSymbol, ...] = (
@@ -205,7 +212,8 @@ V2_SYMBOLS: tuple[VendorSymbol, ...] = (
     MS_PREPARE_INPUTS, MS_PREPARE_INPUTS_EMBEDS, MS_PREPARE_DUMMY_INPUTS, V2_CAPTURE_MODEL,
     *INPUT_BATCH_FIELDS, REQUEST_STATE_PROMPT_LEN, REQUEST_STATE_IDS, *NEW_REQUEST_FIELDS, V2_SAMPLER_CALL,
     V2_SAMPLED_TOKEN_IDS, V2_SAMPLE_TOKENS, V2_LOAD_MODEL, V2_MODEL_STATE_ATTR, V2_SAMPLER_ATTR,
-    V2_ENCODER_CACHE_ATTR, REQUIRES_RAW_INPUT_TOKENS,
+    V2_ENCODER_CACHE_ATTR, REQUIRES_RAW_INPUT_TOKENS, V2_INITIALIZE_KV_CACHE, V2_BLOCK_TABLES_STAGED_WRITES,
+    V2_BLOCK_TABLES_ATTR,
 )
 """Every vLLM V2 symbol :mod:`core.runner.model_state` and :mod:`core.runner.v2` rely on."""
 
@@ -287,7 +295,9 @@ V2_STATE_SEAMS = (
 )
 V2_RUNNER_SEAMS = (
     Seam("load_model", ours="core/runner/v2.py:OmniV2RunnerMixin.load_model"),
-    Seam("capture_model", ours="core/runner/v2.py:OmniV2RunnerMixin.capture_model"),  # (*args, **kwargs)
+    Seam("capture_model", ours="core/runner/v2.py:OmniV2RunnerMixin.capture_model"),
+    Seam("initialize_kv_cache", params=("kv_cache_config",), required=("kv_cache_config",),
+         ours="core/runner/v2.py:OmniV2RunnerMixin.initialize_kv_cache"),  # (*args, **kwargs)
     Seam("sample_tokens", params=("grammar_output",), required=("grammar_output",),
          ours="core/runner/v2.py:OmniV2RunnerMixin.sample_tokens"),
 )

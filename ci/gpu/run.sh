@@ -18,6 +18,11 @@
 #   qwen3           tests/core/test_qwen3_tts.py only: vLLM-Omni's Qwen3-TTS classes per variant (OMNI_TEST_VARIANTS
 #                   narrows them, e.g. v1-eager,v2-eager); needs .whl/ with the vllm-omni wheel and the modules it
 #                   imports that the stack lacks (2026-12-02: soundfile, then prettytable were missing)
+#   qwen3-size      vLLM-Omni's Qwen3-TTS at the released 1.7B and 0.6B shapes (random bf16 weights written under /tmp
+#                   on the GPU, core.models.qwen3_tts_checkpoint) through the core, bench/bench_qwen3_tts.py on cuda
+#                   bf16, V2 then V1, concurrency 1/8/64: RTF + time to first audio at 1, audio-s/s at 8 and 64,
+#                   engine starts; 1.7B first; a run that cannot start in time is listed, not started. Needs .whl/ as
+#                   `qwen3` does
 #   mainjobs        five `omni-backends run --device cuda` back to back (vLLM's defaults), one seed: every exit
 #                   status, wall and engine-start times, and whether every out.wav is byte-identical
 #   cublas-probe    the talker engine started cold then warm (ci/gpu/talker_start.py) under several settings
@@ -146,6 +151,36 @@ part_qwen3() {  # vLLM-Omni's Qwen3-TTS classes only, the variants in OMNI_TEST_
   local rc=$?; echo "rc=$rc" >> "$d/log.txt"; tail -15 "$d/log.txt"; return $rc
 }
 
+part_qwen3_size() {  # QWEN3_SIZES (default "1.7b 0.6b"), QWEN3_RUNNERS (default "v2 v1"), QWEN3_BENCH_ARGS
+  local d="$OUT/qwen3-size"; mkdir -p "$d"
+  header qwen3-size > "$d/log.txt"
+  local size runner rc t0
+  for size in ${QWEN3_SIZES:-1.7b 0.6b}; do
+    local ckpt="/tmp/qwen3-tts-$size"
+    if [ ! -f "$ckpt/config.json" ]; then
+      if (( $(left) < 150 )); then echo "$size: checkpoint not written (time)" | tee -a "$d/log.txt" "$OUT/not-run.txt"; continue; fi
+      t0=$SECONDS
+      timeout 120 python3 -c "import sys; from core.models.qwen3_tts_checkpoint import write_qwen3_tts as w; from omni_backends.registry import select; w(sys.argv[1], sys.argv[2], backend=select('cuda').backend, progress=print)" \
+          "$ckpt" "$size" >> "$d/log.txt" 2>&1
+      rc=$?; echo "$size: checkpoint rc=$rc $((SECONDS - t0)) s ($(du -sh "$ckpt" 2>/dev/null | cut -f1))" | tee -a "$d/log.txt"
+      [ $rc -ne 0 ] && continue
+    fi
+    for runner in ${QWEN3_RUNNERS:-v2 v1}; do
+      if (( $(left) < 150 )); then echo "$size $runner: not started (time)" | tee -a "$d/log.txt" "$OUT/not-run.txt"; continue; fi
+      t0=$SECONDS
+      # shellcheck disable=SC2086
+      timeout "$(( $(left) < 240 ? $(left) : 240 ))" python3 bench/bench_qwen3_tts.py --device cuda --dtype bfloat16 \
+          --size "$size" --model-dir "$ckpt" --runner "$runner" --concurrency 1,8,64 --reps 3 --frames 96 \
+          --chunk-frames 25 --first-chunk-frames 1 --left-context 25 ${QWEN3_BENCH_ARGS:-} --out "$d/$size-$runner" \
+          > "$d/$size-$runner.txt" 2>&1
+      rc=$?; echo "$size $runner: rc=$rc $((SECONDS - t0)) s" | tee -a "$d/log.txt"
+      grep -E "^\||^engine start|^Qwen3-TTS" "$d/$size-$runner.txt" | tee -a "$d/log.txt"
+      [ $rc -ne 0 ] && tail -15 "$d/$size-$runner.txt" | tee -a "$d/log.txt"
+    done
+  done
+  ! grep -qE "rc=[1-9]" "$d/log.txt"
+}
+
 part_mainjobs() {
   local d="$OUT/mainjobs"; mkdir -p "$d"
   header mainjobs > "$d/log.txt"
@@ -242,6 +277,7 @@ for part in "$@"; do
     mainjobs) part_mainjobs ;;
     cublas-probe) part_cublas_probe ;;
     qwen3) part_qwen3 ;;
+    qwen3-size) part_qwen3_size ;;
     core-v2-graphs) part_core v2-graphs "v2-graphs" ;;
     core-v1-graphs) part_core v1-graphs "v1-graphs" ;;
     core-eager) part_core eager "v1-eager or v2-eager" ;;

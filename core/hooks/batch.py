@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import numpy as np
 
@@ -39,7 +38,8 @@ class BatchView:
     @property
     def num_tokens(self) -> int:
         """Scheduled tokens this step (unpadded)."""
-        return int(np.asarray(self.query_start_loc)[self.num_reqs])
+        spans = self.spans
+        return spans[-1][1] if spans else int(np.asarray(self.query_start_loc)[0])
 
     def is_prefill(self, i: int) -> bool:
         """True while request i still has prompt tokens to compute (vLLM-Omni's ``_omni_is_prefill``)."""
@@ -50,14 +50,19 @@ class BatchView:
         start, end = self.span(i)
         return end - start == 1 and not self.is_prefill(i)
 
-    @functools.cached_property
-    def _spans(self) -> list[tuple[int, int]]:
-        qsl = np.asarray(self.query_start_loc)[: self.num_reqs + 1].tolist()
-        return list(zip(qsl[:-1], qsl[1:]))
+    @property
+    def spans(self) -> list[tuple[int, int]]:
+        """``(start, end)`` of every request's scheduled tokens, batch order (Python ints, computed once
+        per batch)."""
+        spans = self.__dict__.get("_spans")
+        if spans is None:
+            qsl = np.asarray(self.query_start_loc)[: self.num_reqs + 1].tolist()
+            spans = self.__dict__["_spans"] = list(zip(qsl[:-1], qsl[1:]))
+        return spans
 
     def span(self, i: int) -> tuple[int, int]:
         """(start, end) offsets of request i's scheduled tokens in the flattened batch."""
-        return self._spans[i]
+        return self.spans[i]
 
     def prefill_rows(self, i: int) -> tuple[int, int, int]:
         """(batch_start, prompt_offset, count) of request i's prompt tokens this step."""

@@ -183,3 +183,26 @@ def read_contract(model: Any) -> ModelContract:
         if not var_kw:
             c["forward_params"] = frozenset(p.name for p in params)
     return ModelContract(**c)
+
+
+def needs_omni_hooks(model: Any, kind: str) -> bool:
+    """Whether the omni hooks have anything to do on ``model`` (V1 and V2 runners alike): a generation
+    kind always (its multimodal outputs are the stage's product), an AR model when it declares any part of
+    vLLM-Omni's contract, its payloads may bring prompt embeddings, its forward names vLLM-Omni's
+    per-request kwargs, or its ``forward`` is not vLLM's own (it may return an ``OmniOutput``). False for
+    a stock vLLM class: the runner then runs vLLM's steps untouched. Raises :class:`ModelContractError`
+    for a hook with a wrong signature."""
+    from core.kinds import GENERATION
+
+    if kind == GENERATION:
+        return True
+    c = read_contract(model)
+    if any((c.preprocess, c.postprocess, c.make_omni_output, c.talker_mtp, c.on_requests_finished,
+            c.set_batch_req_ids, c.have_multimodal_outputs, c.gpu_resident_buffer_keys)):
+        return True
+    from core.model_io import feeds_prompt_embeds, takes_per_request_kwargs
+
+    if feeds_prompt_embeds(model) or takes_per_request_kwargs(model):
+        return True
+    forward = getattr(type(model), "forward", None)
+    return not str(getattr(forward, "__module__", "") or "").startswith("vllm.")

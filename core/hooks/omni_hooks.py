@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from itertools import repeat
+from operator import add, gt, sub
 from typing import Any, Callable, Iterable
 
 import torch
@@ -30,7 +32,7 @@ from core.hooks.contract import ModelContract, read_contract
 from core.hooks.graphs import graphs_enabled, no_full_graphs
 from core.hooks.talker_mtp import TalkerMTP, request_generator
 from core.kinds import AR, GENERATION, KINDS
-from core.outputs import OmniModelRunnerOutput, as_omni_output, flatten_multimodal
+from core.outputs import OmniModelRunnerOutput, StepOutputs, as_omni_output, flatten_multimodal
 from core.payloads import EXTRA_ARGS_KEY, PayloadStore, unpack
 from core.seams import CUDAGRAPH_MODE
 from omni_backends.backend import Backend
@@ -56,7 +58,9 @@ class OmniHooks:
         self.model: Any = None
         self.contract: ModelContract = read_contract(None)
         self.payloads = PayloadStore((), self._to_device, lambda t: self.backend.to_host(t))
-        self._step_outputs: dict[str, dict[str, torch.Tensor]] = {}
+        self._step_outputs = StepOutputs()
+        #: the forward takes vLLM-Omni's per-request state kwargs (set by :meth:`bind_model`)
+        self.passes_request_state = True
         #: req_id -> number of token positions whose outputs were already emitted
         #: (a request recomputed after preemption must not emit them twice)
         self._emitted: dict[str, int] = {}
@@ -90,6 +94,9 @@ class OmniHooks:
         default an eager :class:`TalkerMTP` for 256 rows)."""
         self.model = model
         self.contract = c = read_contract(model)
+        from core.model_io import PER_REQUEST_KWARGS
+
+        self.passes_request_state = c.forward_params is None or any(k in c.forward_params for k in PER_REQUEST_KWARGS)
         if vllm_config is not None:
             from core.model_io import copy_graph_inputs, takes_per_request_kwargs
 
@@ -180,8 +187,8 @@ class OmniHooks:
         if not req_ids:
             return
         self.payloads.free(req_ids)
+        self._step_outputs.drop(req_ids)
         for r in req_ids:
-            self._step_outputs.pop(r, None)
             self._emitted.pop(r, None)
             calls = self.mtp_calls.pop(r, None)
             if calls is not None:
@@ -315,13 +322,13 @@ class OmniHooks:
         ``request_token_spans`` (``(start, end)`` per request); generation kind:
         ``seq_token_counts``, ``request_ids``; plus ``runner_kwargs`` (the AR
         runner passes ``sampling_metadata`` and ``sampler``)."""
-        infos = []
-        for i, req_id in enumerate(batch.req_ids):
-            info = self.payloads.put(req_id, None)
-            if batch.num_output is not None:
-                info["generated_len"] = int(batch.num_output[i])
-            infos.append(info)
-        spans = [batch.span(i) for i in range(batch.num_reqs)]
+        if not self.passes_request_state:  # the forward takes none of them: build nothing per request
+            return self.contract.forward_kwargs(dict(runner_kwargs))
+        infos = self.payloads.entries(batch.req_ids)
+        if batch.num_output is not None:
+            for info, n in zip(infos, batch.num_output.tolist()):
+                info["generated_len"] = n
+        spans = list(batch.spans)  # the model may keep or change it
         kwargs: dict[str, Any] = {"model_intermediate_buffer": infos, "runtime_additional_information": infos,
                                   "request_token_spans": spans}
         if self.kind == GENERATION:
@@ -378,39 +385,69 @@ class OmniHooks:
         return hidden
 
     def _collect(self, flat: dict[str, Any], batch: BatchView) -> None:
-        num_tokens = batch.num_tokens
-        rows = []  # rows of each request not emitted before
-        for i, req_id in enumerate(batch.req_ids):
-            start, end = batch.span(i)
-            first = int(batch.num_computed[i])
-            done = self._emitted.get(req_id, 0)
-            skip = min(max(0, done - first), end - start)
-            self._emitted[req_id] = max(done, first + end - start)
-            rows.append((req_id, start + skip, end))
+        """This step's outputs into :class:`~core.outputs.StepOutputs`: one host copy per token-aligned
+        tensor for the whole step (non-blocking into page-locked memory where the driver's D2H copies are
+        stream-ordered, fenced by one event; the per-request views are cut when the step is read), each
+        request's rows past those it emitted before; per-request list items as they are."""
+        num_tokens, n = batch.num_tokens, batch.num_reqs
+        req_ids = batch.req_ids
+        emitted = self._emitted
+        # C-level maps over the batch (per request: rows this step, rows emitted before, the new watermark)
+        qsl = [s for s, _ in batch.spans] + [num_tokens]
+        lengths = list(map(sub, qsl[1:], qsl[:-1]))
+        first = batch.num_computed[:n].tolist()
+        done = list(map(emitted.get, req_ids, repeat(0, n)))
+        emitted.update(zip(req_ids, map(max, done, map(add, first, lengths))))
+        skip = None
+        if any(map(gt, done, first)):  # positions emitted before (recomputed after preemption): skip them
+            skip = [min(max(d - f, 0), rows) for d, f, rows in zip(done, first, lengths)]
+        step, tensors, fenced = self._step_outputs, {}, False
         for key, value in flat.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] >= num_tokens:
-                host = _owned(self.backend.to_host(value[:num_tokens]), value)
-                for req_id, start, end in rows:
-                    if end > start:
-                        self._add(req_id, key, host[start:end])
-            elif isinstance(value, (list, tuple)) and len(value) == batch.num_reqs:
-                for (req_id, start, end), item in zip(rows, value):
+                host, in_flight = self._host_copy(value[:num_tokens])
+                tensors[key] = host
+                fenced |= in_flight
+            elif isinstance(value, (list, tuple)) and len(value) == n:
+                for req_id, item in zip(req_ids, value):
                     if item is None:
                         continue
                     t = item if isinstance(item, torch.Tensor) else torch.as_tensor(item)
                     self._add(req_id, key, _owned(self.backend.to_host(t), t))
+        if fenced:
+            step.add_fence(self._record_fence())
+        step.add_rows(req_ids, lengths, tensors, skip)
 
     def _add(self, req_id: str, key: str, value: torch.Tensor) -> None:
-        step = self._step_outputs.setdefault(req_id, {})
-        if key in step and value.dim() > 0:
-            step[key] = torch.cat([step[key], value])
-        else:
-            step[key] = value
+        """One request's ``key`` this step (a host tensor; a second one in the step is concatenated)."""
+        self._step_outputs.add_item(req_id, key, value)
+
+    def _host_copy(self, t: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """``(host tensor, in flight)``: a CPU copy of ``t`` (which lives in a buffer the next forward
+        overwrites); in flight: a non-blocking copy into page-locked memory, read after the step's fence."""
+        if t.device.type == "cpu":
+            return t.clone(), False
+        caps = self.backend.capabilities()
+        if caps.d2h_stream_ordered and caps.pinned_memory:
+            out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            out.copy_(t, non_blocking=True)
+            return out, True
+        return _owned(self.backend.to_host(t), t), False
+
+    def _record_fence(self) -> Callable[[], Any]:
+        """What to wait on before reading this step's in-flight copies: an event recorded now on the
+        current stream (``Backend.new_event``), or a device synchronize where the driver has no events."""
+        try:
+            event = self.backend.new_event()
+        except NotImplementedError:
+            return self.backend.synchronize
+        event.record()
+        return event.synchronize
 
     # ------------------------------------------------ get_model_runner_output
-    def take_step_outputs(self) -> dict[str, dict[str, torch.Tensor]]:
-        """This step's multimodal outputs (req_id -> name -> CPU tensor), handed over once."""
-        step, self._step_outputs = self._step_outputs, {}
+    def take_step_outputs(self) -> StepOutputs:
+        """This step's multimodal outputs (a read-only mapping req_id -> name -> CPU tensor, built when
+        first read: :class:`~core.outputs.StepOutputs`), handed over once."""
+        step, self._step_outputs = self._step_outputs, StepOutputs()
         return step
 
     def get_model_runner_output(self, base: Any, step: dict[str, dict[str, torch.Tensor]] | None = None) -> Any:
@@ -421,8 +458,16 @@ class OmniHooks:
             step = self.take_step_outputs()
         if not step or not hasattr(base, "req_ids"):
             return base
+        index = base.req_id_to_index
+        items = step.as_dict() if isinstance(step, StepOutputs) else step
+        mm = items if items.keys() <= index.keys() else {r: v for r, v in items.items() if r in index}
+        if type(base) is OmniModelRunnerOutput.__base__ and hasattr(base, "__dict__"):
+            # vLLM's own ModelRunnerOutput (a plain dataclass): its fields as they are, plus ours
+            out = OmniModelRunnerOutput.__new__(OmniModelRunnerOutput)
+            out.__dict__.update(base.__dict__)
+            out.multimodal_outputs = mm
+            return out
         fields = {name: getattr(base, name) for name in _field_names(type(base))}
-        mm = {r: v for r, v in step.items() if r in base.req_id_to_index}
         return OmniModelRunnerOutput(**fields, multimodal_outputs=mm)
 
 

@@ -44,7 +44,7 @@ import functools
 import logging
 from typing import Any
 
-from core.hooks.contract import read_contract
+from core.hooks.contract import needs_omni_hooks, read_contract
 from core.hooks.graphs import talker_mtp_buffers
 from core.kinds import AR, GENERATION, KINDS
 from core.seams import (
@@ -166,7 +166,7 @@ class OmniModelStateMixin(abc.ABC):
         n = int(input_batch.num_reqs)
         ids = list(input_batch.req_ids[:n])
         index = req_states.req_id_to_index
-        if n == 0 or any(r not in index for r in ids):
+        if n == 0 or not all(map(index.__contains__, ids)):
             return None
         return BatchView(
             req_ids=ids,
@@ -292,24 +292,11 @@ class OmniSampler:
 
 # ------------------------------------------------------------------ composition
 def needs_omni_state(model: Any, kind: str) -> bool:
-    """Whether the omni hooks have anything to do on ``model``: a generation
-    kind always (its multimodal outputs are the stage's product), an AR model
-    when it declares any part of vLLM-Omni's contract or its ``forward`` is not
-    vLLM's own (it may return an ``OmniOutput``). False for a stock vLLM class,
-    which then keeps vLLM's state exactly. Raises the contract's
-    ``ModelContractError`` for a hook with a wrong signature."""
-    if kind == GENERATION:
-        return True
-    c = read_contract(model)
-    if any((c.preprocess, c.postprocess, c.make_omni_output, c.talker_mtp, c.on_requests_finished,
-            c.set_batch_req_ids, c.have_multimodal_outputs, c.gpu_resident_buffer_keys)):
-        return True
-    from core.model_io import feeds_prompt_embeds, takes_per_request_kwargs
-
-    if feeds_prompt_embeds(model) or takes_per_request_kwargs(model):
-        return True
-    forward = getattr(type(model), "forward", None)
-    return not str(getattr(forward, "__module__", "") or "").startswith("vllm.")
+    """Whether the omni hooks have anything to do on ``model``
+    (:func:`core.hooks.contract.needs_omni_hooks`, the rule V1 shares): False for
+    a stock vLLM class, which then keeps vLLM's state exactly. Raises the
+    contract's ``ModelContractError`` for a hook with a wrong signature."""
+    return needs_omni_hooks(model, kind)
 
 
 def _why_not_composable(base: type) -> str | None:

@@ -15,16 +15,22 @@ graph policy (the talker MTP's graphs) is :mod:`core.hooks.graphs`.
 
 from __future__ import annotations
 
+from itertools import repeat
+from operator import attrgetter, is_
 from typing import Any
 
 import numpy as np
 
 from core.hooks import BatchView, OmniHooks
-from core.hooks.graphs import capture_talker_mtp, talker_mtp_buffers
+from core.hooks.contract import needs_omni_hooks
+from core.hooks.graphs import capture_talker_mtp, graphs_enabled, talker_mtp_buffers
 from core.kinds import AR
 from core.runner.classes import omni_runner_class
 from core.model_io import ModelOutputAdapter, omni_runner_output
 from omni_backends.backend import Backend
+
+
+_OUTPUT_TOKEN_IDS = attrgetter("output_token_ids")
 
 
 class OmniV1RunnerMixin:
@@ -33,6 +39,9 @@ class OmniV1RunnerMixin:
     omni_kind: str = AR
     #: the driver this runner class was built for (:func:`v1_runner_class`)
     omni_backend: Backend
+    #: False for a stock vLLM model (:func:`core.hooks.contract.needs_omni_hooks`, set by ``load_model``):
+    #: vLLM's steps then run untouched
+    _omni_active: bool = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -50,11 +59,26 @@ class OmniV1RunnerMixin:
         old = getattr(self, "_omni_io", None)
         if old is not None:  # a reload: one hook per model
             old.remove()
-        # at the model, so every call vLLM makes (_dummy_run, profile, warm-up, graph capture) gets a tensor
-        self._omni_io = ModelOutputAdapter(
-            self.get_model(), self.max_num_tokens, self.model_config.get_hidden_size(), self.dtype
-        )
-        self.omni_hooks.bind_model(self.get_model(), self.vllm_config, mtp_runner=self._omni_mtp_runner)
+            self._omni_io = None
+        model = self.get_model()
+        self.omni_hooks.bind_model(model, self.vllm_config, mtp_runner=self._omni_mtp_runner)
+        # a stock vLLM model: no adapter, no hooks in its steps (as V2 keeps vLLM's ModelState for it)
+        self._omni_active = needs_omni_hooks(model, self.omni_kind)
+        if self._omni_active:
+            # at the model, so every call vLLM makes (_dummy_run, profile, warm-up, graph capture) gets a tensor;
+            # persistent buffers only where a captured graph may replay the forward
+            self._omni_io = ModelOutputAdapter(model, self.max_num_tokens, self.model_config.get_hidden_size(),
+                                               self.dtype, persistent=graphs_enabled(self.vllm_config))
+            if getattr(self.omni_hooks, "uses_preprocess", False):  # real steps always pass embeddings: so do dummy runs
+                self._omni_io.feed_embeddings(self._omni_dummy_embeds)
+
+    def _omni_dummy_embeds(self, input_ids: Any) -> Any:
+        """``[num_tokens, H]``: the persistent ``inputs_embeds`` buffer as it is -- what vLLM's own dummy run
+        passes for a model taking prompt embeddings. Nothing is written into it here: a FULL graph captured
+        from this call must read the buffer the real step's ``preprocess`` (and talker MTP) filled, not
+        recompute the token embeddings over it (the H200, 2026-12-02: the Qwen3-TTS talker's decode codes
+        went wrong under FULL_AND_PIECEWISE when the dummy run filled it)."""
+        return self.inputs_embeds.gpu[: input_ids.shape[0]]
 
     def _omni_mtp_runner(self, head: Any, eager: Any, hidden_size: int) -> Any:
         """The talker MTP on persistent buffers ``[max_num_reqs, hidden_size]``
@@ -71,28 +95,42 @@ class OmniV1RunnerMixin:
         return n
 
     def _update_states(self, scheduler_output: Any) -> Any:
-        self.omni_hooks.on_finished_requests(scheduler_output.finished_req_ids)
-        self.omni_hooks.on_new_requests((r.req_id, r.sampling_params) for r in scheduler_output.scheduled_new_reqs)
+        if self._omni_active:
+            self.omni_hooks.on_finished_requests(scheduler_output.finished_req_ids)
+            if scheduler_output.scheduled_new_reqs:
+                self.omni_hooks.on_new_requests((r.req_id, r.sampling_params)
+                                                for r in scheduler_output.scheduled_new_reqs)
         return super()._update_states(scheduler_output)
 
     def _batch_view(self) -> BatchView:
-        n = self.input_batch.num_reqs
-        ids = list(self.input_batch.req_ids[:n])
-        reqs = [self.requests.get(r) for r in ids]
-        return BatchView(
-            req_ids=ids,
+        """The scheduled batch; ``num_output`` only when the forward takes the per-request state
+        (``generated_len``), ``max_tokens`` / ``seeds`` only for a model with ``preprocess``."""
+        batch = self.input_batch
+        n = batch.num_reqs
+        hooks = self.omni_hooks
+        view = BatchView(
+            req_ids=batch.req_ids[:n],
             query_start_loc=self.query_start_loc.np[: n + 1].copy(),
-            num_computed=self.input_batch.num_computed_tokens_cpu[:n].copy(),
-            num_prompt=self.input_batch.num_prompt_tokens[:n].copy(),
-            num_output=np.array([len(r.output_token_ids) if r is not None else 0 for r in reqs], dtype=np.int64),
-            max_tokens=[getattr(r.sampling_params, "max_tokens", None) if r is not None else None for r in reqs],
-            seeds=[getattr(r.sampling_params, "seed", None) if r is not None else None for r in reqs],
+            num_computed=batch.num_computed_tokens_cpu[:n].copy(),
+            num_prompt=batch.num_prompt_tokens[:n].copy(),
         )
+        if not (hooks.passes_request_state or hooks.uses_preprocess):
+            return view
+        reqs = list(map(self.requests.get, view.req_ids))
+        outputs = list(map(_OUTPUT_TOKEN_IDS, reqs)) if not any(map(is_, reqs, repeat(None))) else \
+            [r.output_token_ids if r is not None else () for r in reqs]
+        view.num_output = np.fromiter(map(len, outputs), dtype=np.int64, count=n)
+        if hooks.uses_preprocess:
+            view.max_tokens = [getattr(r.sampling_params, "max_tokens", None) if r is not None else None
+                               for r in reqs]
+            view.seeds = [getattr(r.sampling_params, "seed", None) if r is not None else None for r in reqs]
+        return view
 
     def _preprocess(self, scheduler_output: Any, num_input_tokens: int, intermediate_tensors: Any = None) -> Any:
-        input_ids, inputs_embeds, positions, intermediate_tensors, model_kwargs, ec_out = super()._preprocess(
-            scheduler_output, num_input_tokens, intermediate_tensors
-        )
+        out = super()._preprocess(scheduler_output, num_input_tokens, intermediate_tensors)
+        if not self._omni_active:
+            return out
+        input_ids, inputs_embeds, positions, intermediate_tensors, model_kwargs, ec_out = out
         hooks = self.omni_hooks
         batch = self._omni_batch = self._batch_view()
         self._omni_io.begin_step()
@@ -114,7 +152,7 @@ class OmniV1RunnerMixin:
 
     def _model_forward(self, *args: Any, **kwargs: Any) -> Any:
         hidden = super()._model_forward(*args, **kwargs)  # a tensor: the adapter sits at the model
-        if self._omni_batch is None or not hasattr(hidden, "shape"):  # dummy runs; intermediate tensors (PP)
+        if not self._omni_active or self._omni_batch is None or not hasattr(hidden, "shape"):  # dummy runs; intermediate tensors (PP)
             return hidden
         self.omni_hooks.process_model_output(self._omni_io.take(hidden), self._omni_batch, self._omni_kwargs)
         self._omni_hidden = hidden
@@ -122,6 +160,8 @@ class OmniV1RunnerMixin:
 
     def sample_tokens(self, grammar_output: Any) -> Any:
         out = super().sample_tokens(grammar_output)
+        if not self._omni_active:
+            return out
         self._omni_batch, self._omni_hidden, self._omni_kwargs = None, None, None
         return omni_runner_output(out, self.omni_hooks)  # async outputs: a real AsyncModelRunnerOutput
 

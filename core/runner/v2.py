@@ -4,7 +4,7 @@
 ``backend.model_runner_base(v2=True)`` (vLLM's ``GPUModelRunner`` in
 ``vllm.v1.worker.gpu.model_runner``, or the XPU / CPU / Ascend runner built on
 it), the driver's :class:`~omni_backends.backend.Backend` passed in as the
-class's ``omni_backend``. The mixin overrides three runner methods:
+class's ``omni_backend``. The mixin overrides four runner methods:
 
 - ``load_model``: vLLM's (or the vendor's), which builds the model, its
   ``ModelState`` and the sampler; then the omni state is composed with the state
@@ -12,6 +12,9 @@ class's ``omni_backend``. The mixin overrides three runner methods:
   sampler wrapped (:class:`~core.runner.model_state.OmniSampler`). A stock model
   keeps vLLM's state and sampler (:func:`~core.runner.model_state.needs_omni_state`).
 - ``capture_model``: vLLM's captures, then the talker MTP's (:mod:`core.hooks.graphs`).
+- ``initialize_kv_cache``: vLLM's, then, for a model without a KV cache (a code2wav
+  with no attention layer), the check that this vLLM's V2 block tables can run it
+  (:class:`KVFreeModelUnsupportedError` at engine start otherwise).
 - ``sample_tokens``: hands this step's multimodal outputs over as an
   ``OmniModelRunnerOutput`` (``core.model_io.omni_runner_output``), the same
   output seam as V1's.
@@ -28,6 +31,11 @@ from core.kinds import AR
 from core.runner.classes import omni_runner_class
 from core.runner.model_state import OmniModelStateMixin, OmniSampler, compose_model_state, needs_omni_state
 from omni_backends.backend import Backend
+from omni_backends.errors import OmniBackendError
+
+
+class KVFreeModelUnsupportedError(OmniBackendError):
+    """This vLLM's V2 model runner cannot run a model without a KV cache (raised at engine start)."""
 
 
 class OmniV2RunnerMixin:
@@ -78,11 +86,44 @@ class OmniV2RunnerMixin:
         capture_talker_mtp(getattr(state, "talker_mtp", None), self.omni_backend, self.device)  # type: ignore[attr-defined]
         return n
 
+    def initialize_kv_cache(self, kv_cache_config: Any, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's; then, when ``kv_cache_config`` has no KV-cache group (a model with no attention layer, such as
+        vLLM-Omni's ``Qwen3TTSCode2Wav``), the check that this vLLM's V2 block tables run such a model.
+
+        (:func:`v2_runs_models_without_kv_cache`). Raises :class:`KVFreeModelUnsupportedError` naming the
+        model and the fix, before any step ran."""
+        result = super().initialize_kv_cache(kv_cache_config, *args, **kwargs)  # type: ignore[misc]
+        if not getattr(kv_cache_config, "kv_cache_groups", None) and not v2_runs_models_without_kv_cache():
+            model = type(getattr(getattr(self, "model_state", None), "model", None)).__name__
+            raise KVFreeModelUnsupportedError(
+                f"{model} has no KV cache (no attention layer) and this vLLM's V2 model runner cannot run "
+                f"such a model (its BlockTables assert without a KV-cache group, as in vLLM 0.26; vLLM 0.32+ run it). "
+                f"Run this engine on vLLM's V1 runner (VLLM_USE_V2_MODEL_RUNNER=0, --runner v1) or a newer vLLM"
+            )
+        return result
+
     def sample_tokens(self, grammar_output: Any) -> Any:
         from core.model_io import omni_runner_output
 
         # V2 returns an async output at every step: a real AsyncModelRunnerOutput subclass wraps it
         return omni_runner_output(super().sample_tokens(grammar_output), self.omni_hooks)  # type: ignore[misc]
+
+
+def v2_runs_models_without_kv_cache() -> bool:
+    """Whether this vLLM's V2 ``BlockTables`` run a model without a KV-cache group (seam
+    ``core.seams.V2_BLOCK_TABLES_STAGED_WRITES``): vLLM 0.32+'s ``apply_staged_writes`` returns at once
+    for no group; vLLM 0.26's asserts a fused writer exists, on every step (and its kernel warm-up divides
+    by zero blocks per request). Calls vLLM's own method on the state such block tables have (building
+    real ones needs device memory); nothing is written. Imports vLLM."""
+    from core.seams import V2_BLOCK_TABLES_STAGED_WRITES
+
+    apply_staged_writes = V2_BLOCK_TABLES_STAGED_WRITES.resolve()  # the vendor's drift is its own error
+    probe = type("KVFreeBlockTables", (), {"num_kv_cache_groups": 0, "fused_writer": None})()
+    try:
+        apply_staged_writes(probe)
+    except (AssertionError, AttributeError):
+        return False
+    return True
 
 
 def v2_runner_class(base: type, kind: str, backend: Backend) -> type:
@@ -92,4 +133,4 @@ def v2_runner_class(base: type, kind: str, backend: Backend) -> type:
     return omni_runner_class(OmniV2RunnerMixin, base, kind, backend)
 
 
-__all__ = ["OmniV2RunnerMixin", "v2_runner_class"]
+__all__ = ["KVFreeModelUnsupportedError", "OmniV2RunnerMixin", "v2_runner_class", "v2_runs_models_without_kv_cache"]

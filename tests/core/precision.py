@@ -21,6 +21,10 @@ Precision settings (set by the tests, stated here):
   H200's hidden states 2.8e-3 and the code2wav waveform 5.2e-4 away from an fp32 reference (2026-12-01). With
   ``ieee`` the attention dots are fp32: the H200 then passed hidden states and waveforms against the fp32
   reference on the GPU at the tolerances below, all four variants. On cpu these variables change nothing.
+- in-process engines (the Qwen3-TTS scenarios, :func:`set_engine_process_precision`): also
+  ``torch.backends.cudnn.allow_tf32 = False`` (no environment variable sets it; PyTorch's default is True).
+  vLLM-Omni's code2wav decodes with convolutions: with cuDNN's TF32 its eager engine was 5.3e-4 away from the
+  fp32 direct forward on the H200 (2026-12-02, v1-eager; the compiled variant passed).
 - ``TORCHINDUCTOR_DETERMINISTIC=1`` (graph variants): Inductor picks kernels without on-device benchmarking
   where the choice changes numerics (``pad_mm``, autotuned reduction configs). Two engines compiled apart (the
   stock and the omni thinker; one omni thinker in two process layouts, each with its own compile cache) then
@@ -60,6 +64,14 @@ def tolerance(device: str, dtype: str, quantity: str) -> dict[str, float]:
     except KeyError:
         raise KeyError(f"no reference tolerance for {quantity} on ({device!r}, {dtype!r}): add one to "
                        f"tests/core/precision.py TOLERANCES, from a measured run") from None
+
+
+def set_engine_process_precision() -> None:
+    """For a process whose engines run in it: fp32 convolutions (cuDNN TF32 off) and fp32 matmuls."""
+    import torch
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
 
 
 @contextlib.contextmanager

@@ -457,6 +457,73 @@ def test_merge_step_outputs_concatenates_along_tokens():
     assert merge_step_outputs([]) == {}
 
 
+def test_step_accumulator_equals_merge_step_outputs_read_every_step_or_once():
+    """The front end's accumulator: the same tensors as merging all steps, whether read after every step
+    (CUMULATIVE outputs: only new rows are copied) or once at the end (FINAL_ONLY)."""
+    from core.outputs import StepAccumulator
+
+    g = torch.Generator().manual_seed(3)
+    steps = [{"h": torch.randn(n, 3, generator=g), "rate": torch.tensor(float(n))} for n in (5, 1, 1, 2, 1, 1, 1)]
+    steps[2]["once"] = torch.randn(4, generator=g)
+    every, once = StepAccumulator(), StepAccumulator()
+    handed = []
+    for k, step in enumerate(steps):
+        every.append(step)
+        once.append(step)
+        got = every.merged()
+        want = merge_step_outputs(steps[: k + 1])
+        assert set(got) == set(want)
+        for key in want:
+            assert torch.equal(got[key], want[key]), (k, key)
+        handed.append(got["h"])
+    final = once.merged()
+    assert torch.equal(final["h"], merge_step_outputs(steps)["h"]) and final["rate"].item() == 1.0
+    assert final["once"] is steps[2]["once"]  # a name seen once is passed through, not copied
+    for k, view in enumerate(handed):  # a view handed out earlier keeps its rows
+        assert torch.equal(view, merge_step_outputs(steps[: k + 1])["h"])
+    some = StepAccumulator()  # read now and then: several steps folded into the grown buffer at once
+    for k, step in enumerate(steps):
+        some.append(step)
+        if k in (0, 3, 6):
+            assert torch.equal(some.merged()["h"], merge_step_outputs(steps[: k + 1])["h"]), k
+    assert StepAccumulator().merged() == {}
+
+
+def test_step_outputs_are_views_of_one_host_tensor_read_after_the_fence():
+    """One host tensor per name per step; each request's output is a view of its rows (rows emitted
+    before skipped), built on the first read, after the step's fences."""
+    from core.outputs import StepOutputs
+
+    host = torch.arange(10, dtype=torch.float32)[:, None].repeat(1, 2)
+    step, waited = StepOutputs(), []
+    step.add_rows(["a", "b", "c", "d"], [4, 1, 0, 5], {"h": host}, skip=[1, 0, 0, 0])
+    step.add_fence(lambda: waited.append(1))
+    step.add_item("b", "wave", torch.ones(3))
+    assert waited == []  # nothing read yet
+    assert set(step) == {"a", "b", "d"} and waited == [1]  # "c" has no rows this step
+    assert step["a"]["h"][:, 0].tolist() == [1.0, 2.0, 3.0] and step["b"]["h"][:, 0].tolist() == [4.0]
+    assert step["d"]["h"][:, 0].tolist() == [5.0, 6.0, 7.0, 8.0, 9.0]
+    assert all(step[r]["h"].untyped_storage().data_ptr() == host.untyped_storage().data_ptr() for r in "abd")
+    assert torch.equal(step["b"]["wave"], torch.ones(3)) and waited == [1]  # fenced once
+    step.drop(["a"])
+    assert "a" not in step and len(step) == 2
+    assert StepOutputs() == {} and not StepOutputs()
+
+
+def test_a_stock_vllm_model_needs_no_omni_hooks_on_either_runner():
+    """``needs_omni_hooks``: V1 runs vLLM's steps untouched for a stock class (no adapter, no hooks), as V2
+    keeps vLLM's ModelState; any part of the omni contract, or a forward that is not vLLM's, needs them."""
+    from vllm.model_executor.models.llama import LlamaForCausalLM
+
+    from core.hooks.contract import needs_omni_hooks
+    from core.models.demo import OmniDemoThinker
+
+    stock = LlamaForCausalLM.__new__(LlamaForCausalLM)
+    omni = OmniDemoThinker.__new__(OmniDemoThinker)
+    assert not needs_omni_hooks(stock, AR) and needs_omni_hooks(stock, GENERATION)
+    assert needs_omni_hooks(omni, AR)
+
+
 def test_omni_engine_core_output_appends_one_field_to_vllms():
     """OmniScheduler builds OmniEngineCoreOutput positionally from
     ``msgspec.structs.astuple(EngineCoreOutput)``: that needs vLLM's fields,

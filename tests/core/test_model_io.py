@@ -109,6 +109,25 @@ def test_vllm_omni_output_and_generation_models_without_text_hidden_states():
     assert out.shape == (3, H) and not out.any()  # the placeholder vLLM's logits path reads
 
 
+def test_the_placeholder_of_a_model_without_text_hidden_states_is_on_its_inputs_device():
+    # on the H200 (2026-12-02) vLLM-Omni's Qwen3TTSCode2Wav returned text_hidden_states=None and the placeholder
+    # was made on the CPU: vLLM's _dummy_run then indexed it with device indices and failed. The meta device stands
+    # in for an accelerator here: a placeholder made anywhere but on the inputs' device fails this test.
+    class Code2Wav(nn.Module):
+        def forward(self, input_ids=None, positions=None, inputs_embeds=None, **kw):
+            return VllmOmniOutput(None, {"wave": [torch.ones(5)]})
+
+    model = Code2Wav()
+    ModelOutputAdapter(model, MAX_TOKENS, hidden_size=H, dtype=torch.float32)
+    meta = torch.device("meta")
+    for call in ({"input_ids": torch.zeros(3, dtype=torch.long, device=meta)},
+                 {"positions": torch.arange(4, device=meta)},
+                 {"inputs_embeds": torch.zeros(2, H, device=meta)}):
+        out = model(**call)
+        assert out.device == meta and out.shape[1] == H
+    assert model(input_ids=torch.tensor([1, 2])).device.type == "cpu"  # and back, when the inputs move
+
+
 # ------------------------------------------------------------------ V1 runner
 def _v1_runner(model):
     """OmniV1RunnerMixin over a base that calls the model the way vLLM's V1
@@ -144,6 +163,45 @@ def test_v1_dummy_run_calls_the_model_directly_and_gets_a_tensor():
     assert runner._dummy_run(8).shape == (1, H)  # before: 'OmniOutput' object is not subscriptable
     runner.load_model()  # a reload installs one adapter, not two
     assert len(runner.model._forward_hooks) == 1
+
+
+def test_v1_dummy_runs_of_a_preprocess_model_carry_embeddings_like_its_real_steps():
+    # the H200 (2026-12-02): vLLM-Omni's Qwen3-TTS talker (a preprocess model, real steps pass inputs_embeds)
+    # gave garbage codes under compilation: vLLM compiled its decoder on a dummy run's input_ids path and dropped
+    # the guards. Every call must reach the model with embeddings; the dummy run's input_ids stay.
+    seen = []
+
+    class Talker(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, H)
+
+        def embed_input_ids(self, ids):
+            return self.emb(ids)
+
+        def forward(self, input_ids=None, positions=None, intermediate_tensors=None, inputs_embeds=None, **kw):
+            seen.append((input_ids is not None, inputs_embeds is not None))
+            return inputs_embeds if inputs_embeds is not None else self.emb(input_ids)
+
+    model = Talker()
+    runner = _v1_runner(model)
+    buffer = torch.full((MAX_TOKENS, H), 7.0)  # what the last real step's preprocess left there
+    runner.inputs_embeds = types.SimpleNamespace(gpu=buffer)
+    runner.omni_hooks.uses_preprocess = True
+    runner.load_model()
+    out = runner._dummy_run(4)
+    assert seen == [(True, True)]
+    # the persistent buffer itself, unwritten: a FULL graph captured here reads what preprocess writes at replay
+    assert torch.equal(out, torch.full((1, H), 7.0)) and torch.equal(buffer, torch.full((MAX_TOKENS, H), 7.0))
+    real = torch.ones(3, H)
+    assert torch.equal(model(input_ids=torch.zeros(3, dtype=torch.long), inputs_embeds=real), real)  # real steps kept
+    runner.load_model()  # a reload: one pre-hook, one post-hook
+    assert len(model._forward_pre_hooks) == 1 and len(model._forward_hooks) == 1
+
+    plain = _v1_runner(OmniModel())  # a model without preprocess: vLLM's dummy inputs unchanged
+    plain.omni_hooks.uses_preprocess = False
+    plain.load_model()
+    assert not plain.model._forward_pre_hooks
 
 
 # ------------------------------------------------------------------ async outputs
@@ -217,6 +275,25 @@ def test_every_abstract_method_of_the_installed_base_is_delegated():
     assert isinstance(wrapped, Base033)
     assert wrapped.get_output() == "OUT" and wrapped.get_kv_connector_output() == "kv" and wrapped.extra == 7
     assert np.array_equal(sorted(Base033.__abstractmethods__), ["get_kv_connector_output", "get_output"])
+
+
+def test_without_graphs_the_adapter_keeps_each_calls_own_tensors():
+    """An engine without graphs (``persistent=False``): nothing replays a capture, so no copy into the
+    buffers; the step's outputs are the forward's own tensors, and vLLM still gets a tensor back."""
+    model = OmniModel()
+    io = ModelOutputAdapter(model, MAX_TOKENS, keep_hidden=True, persistent=False)
+    ids = torch.tensor([1, 2, 3])
+    io.begin_step()
+    out = model(ids)
+    assert isinstance(out, torch.Tensor) and out.shape == (3, H)
+    got = io.take(3)
+    assert got.text_hidden_states.data_ptr() == out.data_ptr() and torch.equal(got.text_hidden_states, out)
+    torch.testing.assert_close(got.multimodal_outputs["hidden"], out * 2)
+    first = got.multimodal_outputs["hidden"]
+    io.begin_step()
+    model(ids[:1])
+    assert io.take(1).multimodal_outputs["hidden"].data_ptr() != first.data_ptr()  # a new tensor, not a buffer
+    torch.testing.assert_close(first, model.embed(ids).detach() * 2)  # the earlier one is untouched
 
 
 def test_stored_outputs_survive_the_next_forward_when_to_host_returns_its_input():

@@ -316,7 +316,7 @@ def test_v2_runner_class_is_the_seam_over_the_drivers_v2_base():
     assert v2_runner_class(GPUModelRunner, GENERATION, backend) is cls
     overridden = {n for n in vars(OmniV2RunnerMixin) if not n.startswith("__")}
     # no execute_model / _dummy_run copy
-    assert overridden == {"load_model", "sample_tokens", "capture_model", "omni_hooks", "omni_kind",
+    assert overridden == {"load_model", "sample_tokens", "capture_model", "initialize_kv_cache", "omni_hooks", "omni_kind",
                           "_omni_output_hooks"}
 
 

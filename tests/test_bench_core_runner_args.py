@@ -1,0 +1,47 @@
+"""bench/bench_core_runner.py refuses out-of-range options in its argument parser, before any engine starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench", "bench_core_runner.py")
+
+
+def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
+    return subprocess.run([sys.executable, BENCH, *args], capture_output=True, text=True, timeout=120, env=full_env)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batches", "0"], "--batches takes distinct positive integers separated by commas (e.g. 1,8,64), got '0'"),
+    (["--batches", "1,-8"], "--batches takes distinct positive integers"),
+    (["--batches", "1,x"], "--batches takes distinct positive integers"),
+    (["--rounds", "0"], "--rounds must be an integer >= 1, got '0'"),
+    (["--rounds", "-3"], "--rounds must be an integer >= 1, got '-3'"),
+    (["--max-tokens", "0"], "--max-tokens must be an integer 2..243, got '0'"),
+    (["--max-tokens", "1"], "--max-tokens must be an integer 2..243, got '1'"),
+    (["--max-tokens", "244"], "--max-tokens must be an integer 2..243, got '244'"),
+    (["--iters", "0"], "--iters must be an integer >= 1"),
+    (["--device", "tpu9"], "unknown device 'tpu9' (from --device). Installed drivers:"),
+], ids=["batch-0", "batch-negative", "batch-text", "rounds-0", "rounds-negative", "max-tokens-0", "max-tokens-1",
+        "max-tokens-too-long", "iters-0", "unknown-device"])
+def test_bad_option_is_one_parser_error_before_any_engine(args, message):
+    proc = _run(*args)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert message in proc.stderr, proc.stderr
+    assert "usage:" in proc.stderr  # argparse's error: one message, the usage line, exit status 2
+    assert "LLM engine" not in proc.stdout + proc.stderr  # no engine was started
+    assert "Traceback" not in proc.stderr
+
+
+def test_v2_on_a_driver_without_a_v2_runner_is_refused_before_any_engine():
+    proc = _run("--device", "cpu", "--batches", "1", "--rounds", "1", env={"VLLM_USE_V2_MODEL_RUNNER": "1"})
+    assert proc.returncode != 0
+    assert "VLLM_USE_V2_MODEL_RUNNER=1 but driver 'cpu' cannot run vLLM's V2 model runner" in proc.stderr, proc.stderr
+    assert "Initializing a V1 LLM engine" not in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr

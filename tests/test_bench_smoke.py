@@ -1,0 +1,223 @@
+"""Every benchmark script in ``bench/`` runs, CI-sized, on the cpu driver (a smoke, never a timed assertion).
+
+One row per script (:data:`BENCHES`): tiny options, ``--out DIR`` where the script has it (its JSON file
+is read back; ``bench_pipeline.py`` prints its JSON report on stdout instead). Each must exit 0 and write
+well-formed JSON with the expected keys, and every number in it must be finite; the listed figures must
+be > 0 (a figure that is zero or missing means the measurement did not happen). Nothing compares a time
+with a bound. The scripts run as subprocesses, all started at the first test and run concurrently
+(measured 2026-12-02 on the shared 2-core box, load average 6-10 from other runs: ~2 min of CPU, 3.2 min
+wall for the file; ``bench_pipeline.py`` is the longest, ~1 min alone).
+
+Bad input (:data:`BAD_INPUT`): an option out of range, or ``--device`` naming a driver whose stack is not
+installed here (``cuda`` on the cpu box), is one error -- exit status 2 (argparse's), a message naming the
+option -- before any engine or checkpoint work (each case returns in seconds). Only the scripts that check
+their options are listed; ``bench_core_runner.py`` and ``bench_pipeline.py`` (other owners) do not yet
+range-check theirs (``--rounds 0`` ends in ``StatisticsError`` after the engines ran).
+
+``bench_qwen3_tts.py`` has a second row, ``--engines async`` (two ``AsyncLLM``, engine cores spawned), which
+runs once ``core.stage.make_async_engine`` is in the tree and is skipped, saying so, before.
+
+A new script in ``bench/`` must get a row here (or a line in :data:`GPU_ONLY`, the scripts that need CUDA):
+:func:`test_every_bench_script_has_a_row` fails otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+from typing import Any, Callable
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+TIMEOUT_S = 600
+#: bench/ modules that are helpers, not benchmark scripts
+HELPERS = {"static_graph.py"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Bench:
+    script: str
+    args: tuple[str, ...]
+    #: the JSON file under --out, or None: the JSON report is the end of stdout
+    json_file: str | None
+    #: top-level keys the JSON must have
+    keys: frozenset[str]
+    #: figures that must be present and > 0: (description, getter)
+    figures: tuple[tuple[str, Callable[[Any], Any]], ...] = ()
+    #: the row's id (default: the script's name)
+    name: str | None = None
+    #: why this row cannot run in this tree, or None (checked before the scripts start)
+    unavailable: Callable[[], str | None] = lambda: None
+
+    @property
+    def id(self) -> str:
+        return self.name or self.script
+
+
+def _no_async_factory() -> str | None:
+    import core.stage
+
+    return None if hasattr(core.stage, "make_async_engine") else "core.stage has no make_async_engine in this tree"
+
+
+_QWEN3_FIGURES = (("TTFA ms, concurrency 1", lambda d: d["rows"][0]["ttfa_ms"]),
+                  ("RTF, concurrency 1", lambda d: d["rows"][0]["rtf"]),
+                  ("audio-s/s, concurrency 2", lambda d: d["rows"][1]["audio_s_per_s"]),
+                  ("talker engine start s", lambda d: d["info"]["talker_start_s"]))
+_QWEN3_ARGS = ("--size", "tiny", "--device", "cpu", "--frames", "8", "--chunk-frames", "4", "--concurrency", "1,2",
+               "--reps", "1")
+
+
+BENCHES = [
+    Bench("bench_core_runner.py", ("--rounds", "1", "--max-tokens", "4", "--batches", "1", "--reps", "3",
+                                   "--iters", "20"),
+          "bench_core_runner.json", frozenset({"info", "decode", "paths"}),
+          (("omni decode tok/s, batch 1", lambda d: d["decode"]["1"]["omni"]["tok_s"]),
+           ("forward_context driver µs", lambda d: d["paths"]["forward_context"]["driver"]))),
+    Bench("bench_pipeline.py", ("--rounds", "1", "--max-tokens", "4"), None,
+          frozenset({"thinker_median", "pipeline_run"}),
+          (("omni thinker generate s", lambda d: d["thinker_median"]["omni"]["generate_s"]),
+           ("pipeline wall s", lambda d: d["pipeline_run"]["wall_s"]))),
+    Bench("bench_talker_mtp.py", ("--device", "cpu", "--batches", "1,8", "--budget-s", "1", "--reps", "3"),
+          "bench_talker_mtp.json", frozenset({"info", "rows"}),
+          (("eager µs, batch 1", lambda d: d["rows"][0]["eager_us"]),
+           ("eager µs, batch 8", lambda d: d["rows"][1]["eager_us"]))),
+    Bench("bench_devices.py", ("--runs", "2", "--warm-runs", "5", "--stock-runs", "0"),
+          "bench_devices.json", frozenset({"cold_devices", "warm", "imports", "goal"}),
+          (("cold devices median s", lambda d: d["cold_devices"]["median"]),
+           ("warm decide median s", lambda d: d["warm"]["decide_median"]))),
+    Bench("bench_qwen3_tts.py", _QWEN3_ARGS, "bench_qwen3_tts.json", frozenset({"info", "rows", "anchors"}),
+          _QWEN3_FIGURES),
+    Bench("bench_qwen3_tts.py", (*_QWEN3_ARGS, "--engines", "async"), "bench_qwen3_tts.json",
+          frozenset({"info", "rows", "anchors"}), _QWEN3_FIGURES, name="bench_qwen3_tts.py-async",
+          unavailable=_no_async_factory),
+]
+#: scripts that need CUDA (one or two GPUs) and run only on the GPU machine, with why
+GPU_ONLY = {"bench_cuda.py": "the cuda driver's graph replay and copies (torch CUDA, no vLLM)",
+            "two_gpu_check.py": "two GPUs of one host"}
+
+#: (script, arguments, the option the message must name)
+BAD_INPUT = [
+    ("bench_qwen3_tts.py", ("--frames", "0"), "--frames"),
+    ("bench_qwen3_tts.py", ("--concurrency", "1,0"), "--concurrency"),
+    ("bench_qwen3_tts.py", ("--frames", "8", "--chunk-frames", "9"), "--chunk-frames"),
+    ("bench_qwen3_tts.py", ("--device", "cuda"), "--device"),
+    ("bench_qwen3_tts.py", ("--runner", "v2", "--device", "cpu"), "--runner"),
+    ("bench_talker_mtp.py", ("--batches", "0"), "--batches"),
+    ("bench_talker_mtp.py", ("--device", "cuda"), "--device"),
+    ("bench_talker_mtp.py", ("--budget-s", "0"), "--budget-s"),
+    ("bench_devices.py", ("--runs", "0"), "--runs"),
+]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNI_BACKENDS_")}
+    env.update(PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), VLLM_CPU_KVCACHE_SPACE="1",
+               OMP_NUM_THREADS="1", OMNI_BACKENDS_DEVICE="cpu")
+    return env
+
+
+def _finite_numbers(obj: Any, path: str = "$") -> list[str]:
+    """Paths of non-finite numbers in ``obj``."""
+    if isinstance(obj, float):
+        return [] if math.isfinite(obj) else [path]
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in _finite_numbers(v, f"{path}.{k}")]
+    if isinstance(obj, list):
+        return [p for i, v in enumerate(obj) for p in _finite_numbers(v, f"{path}[{i}]")]
+    return []
+
+
+def _json_from_stdout(text: str) -> Any:
+    """The JSON document that ends ``text`` (a report printed with ``json.dumps(..., indent=2)``)."""
+    start = text.rfind("\n{\n") + 1 if not text.startswith("{\n") else 0
+    return json.loads(text[start:])
+
+
+@pytest.fixture(scope="module")
+def bench_runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
+    """``run(script) -> (returncode, stdout, stderr, out_dir)``; every runnable script starts at the first call."""
+    from omni_backends.testing.plugin import selected_device
+
+    if selected_device(request.config) != "cpu":
+        pytest.skip("the bench smoke is the cpu CI's (the GPU runs the benches at size: ci/gpu/run.sh)")
+    base = tmp_path_factory.mktemp("bench-smoke")
+    procs: dict[str, tuple[subprocess.Popen, pathlib.Path, pathlib.Path]] = {}
+    done: dict[str, tuple[int | str, str, str, pathlib.Path]] = {}
+
+    def start() -> None:
+        for b in BENCHES:
+            if b.unavailable() is not None:
+                continue
+            out = base / b.id.removesuffix(".py")
+            out.mkdir()
+            log = base / f"{b.id}.stderr"
+            args = [sys.executable, str(BENCH / b.script), *b.args] + (["--out", str(out)] if b.json_file else [])
+            with open(log, "w") as err, open(out / "stdout.txt", "w") as so:
+                procs[b.id] = (subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=so, stderr=err, text=True),
+                                   out, log)
+
+    def run(name: str):
+        if not procs:
+            start()
+        if name not in done:
+            proc, out, log = procs[name]
+            try:
+                rc: int | str = proc.wait(timeout=TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = "timeout"
+            done[name] = (rc, (out / "stdout.txt").read_text(), log.read_text(), out)
+        return done[name]
+
+    request.addfinalizer(lambda: [p.kill() for p, _, _ in procs.values() if p.poll() is None])
+    return run
+
+
+def test_every_bench_script_has_a_row() -> None:
+    scripts = {p.name for p in BENCH.glob("*.py")} - HELPERS - set(GPU_ONLY)
+    assert scripts == {b.script for b in BENCHES}, (
+        f"bench/ scripts without a smoke row: {sorted(scripts - {b.script for b in BENCHES})}; rows without a "
+        f"script: {sorted({b.script for b in BENCHES} - scripts)} (tests/test_bench_smoke.py BENCHES)")
+
+
+@pytest.mark.slow
+@pytest.mark.engine_tier
+@pytest.mark.parametrize("bench", BENCHES, ids=[b.id for b in BENCHES])
+def test_bench_script_runs_and_writes_its_json(bench: Bench, bench_runs) -> None:
+    reason = bench.unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    rc, stdout, stderr, out = bench_runs(bench.id)
+    assert rc == 0, f"bench/{bench.script} {' '.join(bench.args)} exited {rc}:\n{stderr[-4000:]}\n{stdout[-2000:]}"
+    if bench.json_file is not None:
+        path = out / bench.json_file
+        assert path.is_file(), f"{bench.script} wrote no {bench.json_file} under --out ({sorted(os.listdir(out))})"
+        data = json.loads(path.read_text())
+    else:
+        data = _json_from_stdout(stdout)
+    assert bench.keys <= set(data), f"{bench.script}: JSON lacks {sorted(bench.keys - set(data))}"
+    assert not _finite_numbers(data), f"{bench.script}: non-finite numbers at {_finite_numbers(data)}"
+    for what, get in bench.figures:
+        value = get(data)
+        assert isinstance(value, (int, float)) and value > 0, f"{bench.script}: {what} is {value!r}"
+
+
+@pytest.mark.parametrize("script,args,option", BAD_INPUT, ids=[f"{s}{' '.join(a)}" for s, a, _ in BAD_INPUT])
+def test_bad_bench_option_is_one_clear_error_before_any_engine(script: str, args: tuple[str, ...], option: str,
+                                                               tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, str(BENCH / script), *args, "--out", str(out)], cwd=ROOT, env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, f"{script} {' '.join(args)} exited {p.returncode}:\n{p.stderr[-3000:]}"
+    last = p.stderr.strip().splitlines()[-1]
+    assert "error:" in last and option in last, last
+    assert "Traceback" not in p.stderr
+    assert not out.exists()  # nothing written: it stopped before measuring
