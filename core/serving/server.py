@@ -1,0 +1,224 @@
+"""``omni-backends serve``: the stage graph started once, resident, behind the HTTP app, for the process's life.
+
+Lifecycle (:func:`serve`):
+
+1. every option is checked (:meth:`ServeConfig.check`) and the port is bound before an engine starts (a bad
+   value or a busy port fails at once, nothing started);
+2. the stage graph starts (``StageGraph.start``: three ``AsyncLLM`` engines, concurrently);
+3. uvicorn serves the app (:func:`core.serving.app.build_app`) on the bound socket;
+4. SIGTERM (or SIGINT) drains: no new requests (503), the in-flight ones finish (up to ``drain_timeout``
+   seconds), the graph shuts down, exit status 0 (130 for SIGINT);
+5. a stage whose engine died (the graph's ``dead_stage``, polled every 0.2 s and seen by every request): its
+   in-flight requests fail with 503 (the graph raises ``StageFailedError`` for them), ``/health`` answers 503,
+   the server stops and exits with status 3 (``EXIT_RUN_FAILED``) -- within :data:`DEAD_EXIT_S` seconds even
+   if an engine's shutdown hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Callable
+
+from omni_backends.errors import BadInputError
+
+#: the longest a server with a dead stage takes to exit after noticing it (seconds), whatever hangs
+DEAD_EXIT_S = 8.0
+#: how long the graph's shutdown may take before the process exits anyway (seconds)
+SHUTDOWN_TIMEOUT_S = 30.0
+#: talker frames per code2wav chunk when --chunk-frames is not given
+DEFAULT_CHUNK_FRAMES = 16
+
+
+@dataclasses.dataclass
+class ServeConfig:
+    """What :func:`serve` serves. ``device``: driver name / alias, ``"auto"``, ``""`` or ``None`` (as ``run``);
+    ``host`` / ``port``: where to listen (``port`` 0: any free port, printed); ``model_dir``: the demo models
+    (``None``: the cache, created on first use); ``chunk_frames``: talker frames per code2wav chunk (>= 1);
+    ``max_concurrency``: speech requests in flight before 429 (>= 1); ``model_name``: the served model name
+    (``/v1/models``, a request's ``model``); ``drain_timeout``: seconds SIGTERM waits for in-flight requests;
+    ``enforce_eager`` / ``graph_mode`` / ``runner`` / ``seed``: the engines' options, as ``RunConfig``'s.
+    Every value is checked when made (:class:`BadInputError` naming the flag)."""
+
+    device: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model_dir: str | None = None
+    chunk_frames: int = DEFAULT_CHUNK_FRAMES
+    max_concurrency: int = 32
+    model_name: str = "omni-demo"
+    drain_timeout: float = 60.0
+    enforce_eager: bool | None = None
+    graph_mode: str | None = None
+    runner: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Types and ranges, no file system, no vLLM; raises :class:`BadInputError` naming the flag."""
+        from core.pipeline.config import RunConfig
+
+        for name, flag, lo, hi in (("port", "--port", 0, 65535), ("chunk_frames", "--chunk-frames", 1, 4096),
+                                   ("max_concurrency", "--max-concurrency", 1, 100000)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+                raise BadInputError(f"{name} ({flag}) must be an integer in {lo}..{hi}, got {value!r}")
+        if not isinstance(self.host, str) or not self.host.strip():
+            raise BadInputError(f"host (--host) must be an address to listen on, got {self.host!r}")
+        if not isinstance(self.model_name, str) or not self.model_name.strip():
+            raise BadInputError(f"model_name (--served-model-name) must be a name, got {self.model_name!r}")
+        if not isinstance(self.drain_timeout, (int, float)) or isinstance(self.drain_timeout, bool) \
+                or not self.drain_timeout >= 0:
+            raise BadInputError(f"drain_timeout (--drain-timeout) must be seconds >= 0, got {self.drain_timeout!r}")
+        # the engine options share RunConfig's checks (and messages)
+        RunConfig(device=self.device, model_dir=self.model_dir, enforce_eager=self.enforce_eager,
+                  graph_mode=self.graph_mode, runner=self.runner, seed=self.seed)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (IPv4 or IPv6); :class:`BadInputError` if it cannot be bound."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        raise BadInputError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --port "
+                            f"(0: any free one) or --host") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+class _Lifecycle:
+    """The server's fate: draining (a signal), or a dead stage (exit status 3, forced after DEAD_EXIT_S)."""
+
+    def __init__(self, say: Callable[[str], None]):
+        self.say = say
+        self.server: Any = None
+        self.dead_stage: str | None = None
+        self.signal: int | None = None
+        self.drain_timeout: float | None = None
+
+    def stage_dead(self, stage: str) -> None:
+        if self.dead_stage is not None:
+            return
+        self.dead_stage = stage
+        self.say(f"the {stage} stage's engine died: failing its requests (503), shutting down")
+        timer = threading.Timer(DEAD_EXIT_S, self._force_exit)
+        timer.daemon = True
+        timer.start()
+        if self.server is not None:
+            self.server.config.timeout_graceful_shutdown = 2.0
+            self.server.should_exit = True
+
+    def _force_exit(self) -> None:
+        self.say(f"still running {DEAD_EXIT_S} s after the {self.dead_stage} stage died: exiting now")
+        os._exit(3)
+
+    def on_signal(self, sig: int, frame: Any) -> None:  # what uvicorn re-raises after its graceful exit
+        self.signal = sig
+
+    def exit_status(self) -> int:
+        from omni_backends.cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED
+
+        if self.dead_stage is not None:
+            return EXIT_RUN_FAILED
+        return EXIT_INTERRUPTED if self.signal == signal.SIGINT else EXIT_OK
+
+
+async def _watch(graph: Any, life: _Lifecycle, state: Any) -> None:
+    """Until the server stops: mark draining once it is asked to stop; report a dead stage."""
+    while True:
+        server = life.server
+        if server is not None and server.should_exit and not state.draining:
+            state.draining = True
+            life.say("draining: finishing the requests in flight, refusing new ones")
+        stage = graph.dead_stage
+        if stage is not None:
+            life.stage_dead(stage)
+            return
+        await asyncio.sleep(0.2)
+
+
+async def serve(cfg: ServeConfig, say: Callable[[str], None] | None = None) -> int:
+    """Serve until SIGTERM / SIGINT (drain, exit 0 / 130) or a dead stage (exit 3); returns the exit status.
+
+    Raises the device and input errors of ``omni-backends run`` (:class:`BadInputError`, the registry's),
+    and :class:`BadInputError` for a port it cannot bind, before any engine starts."""
+    import uvicorn
+
+    from core.pipeline import default_model_dir, device_defaults, validate
+    from core.pipeline.config import RunConfig
+    from core.pipeline.graph import GraphConfig, StageGraph
+    from core.serving.app import ServerState, build_app
+    from core.serving.metrics import ServingMetrics
+    from core.stage import check_engine_choices
+    from omni_backends.probing import blame_import_failures
+    from omni_backends.registry import select
+
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    cfg.check()
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    sel = select(cfg.device)  # cheap: no vendor stack imported yet
+    say(f"device: {sel.name} ({sel.rule}): {sel.reason}")
+    run_cfg = device_defaults(RunConfig(device=sel.name, model_dir=cfg.model_dir or default_model_dir(),
+                                        out=tempfile.gettempdir(),  # serve writes no files
+                                        enforce_eager=cfg.enforce_eager, graph_mode=cfg.graph_mode,
+                                        runner=cfg.runner, seed=cfg.seed), sel.backend)
+    runner = check_engine_choices(run_cfg, sel.backend)
+    if runner != "auto":
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "v2" else "0"
+    with blame_import_failures():
+        if cfg.model_dir is None and not os.path.isdir(run_cfg.model_dir):
+            from core.models.create import create_demo_models
+
+            say(f"creating demo models in {run_cfg.model_dir} (first run)")
+            create_demo_models(run_cfg.model_dir)
+        validate(run_cfg, sel.backend)
+        sel.backend.check_vllm_platform()
+    model_dir = run_cfg.model_dir
+    sock = bind(cfg.host, cfg.port)
+    life = _Lifecycle(say)
+    t0 = time.perf_counter()
+    graph = await StageGraph.start(GraphConfig(model_dir=model_dir, device=sel.name, chunk_frames=cfg.chunk_frames,
+                                               enforce_eager=run_cfg.enforce_eager, graph_mode=run_cfg.graph_mode,
+                                               runner=run_cfg.runner, seed=cfg.seed), sel.backend, say=say)
+    state = ServerState(model_name=cfg.model_name, max_concurrency=cfg.max_concurrency,
+                        metrics=ServingMetrics(getattr(graph, "stat_registries", None)), on_stage_dead=life.stage_dead)
+    try:
+        app = build_app(graph, state)
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=cfg.drain_timeout,
+                                timeout_keep_alive=5)
+        server = uvicorn.Server(config)
+        life.server = server
+        old = {sig: signal.signal(sig, life.on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        watcher = asyncio.ensure_future(_watch(graph, life, state))
+        host, port = sock.getsockname()[:2]
+        say(f"serving {cfg.model_name!r} on http://{host}:{port} (stages started in "
+            f"{time.perf_counter() - t0:.1f} s; POST /v1/audio/speech)")
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            watcher.cancel()
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+    finally:
+        try:
+            await asyncio.wait_for(graph.shutdown(), SHUTDOWN_TIMEOUT_S)
+        except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - exiting anyway; say why
+            say(f"the stage graph did not shut down cleanly: {type(exc).__name__}: {exc}")
+        sock.close()
+    status = life.exit_status()
+    say(f"stopped (exit status {status})")
+    return status
