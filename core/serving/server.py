@@ -22,19 +22,17 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from typing import Any, Callable
 
+from core.pipeline.config import DEFAULT_CHUNK_FRAMES, RunConfig
 from omni_backends.errors import BadInputError
 
 #: the longest a server with a dead stage takes to exit after noticing it (seconds), whatever hangs
 DEAD_EXIT_S = 8.0
 #: how long the graph's shutdown may take before the process exits anyway (seconds)
 SHUTDOWN_TIMEOUT_S = 30.0
-#: talker frames per code2wav chunk when --chunk-frames is not given
-DEFAULT_CHUNK_FRAMES = 16
 
 
 @dataclasses.dataclass
@@ -65,8 +63,6 @@ class ServeConfig:
 
     def check(self) -> None:
         """Types and ranges, no file system, no vLLM; raises :class:`BadInputError` naming the flag."""
-        from core.pipeline.config import RunConfig
-
         for name, flag, lo, hi in (("port", "--port", 0, 65535), ("chunk_frames", "--chunk-frames", 1, 4096),
                                    ("max_concurrency", "--max-concurrency", 1, 100000)):
             value = getattr(self, name)
@@ -157,45 +153,35 @@ async def serve(cfg: ServeConfig, say: Callable[[str], None] | None = None) -> i
     and :class:`BadInputError` for a port it cannot bind, before any engine starts."""
     import uvicorn
 
-    from core.pipeline import default_model_dir, device_defaults, validate
-    from core.pipeline.config import RunConfig
     from core.pipeline.graph import GraphConfig, StageGraph
     from core.serving.app import ServerState, build_app
-    from core.serving.metrics import ServingMetrics
-    from core.stage import check_engine_choices
-    from omni_backends.probing import blame_import_failures
+    from core.serving.metrics import ServingMetrics, stage_stat_logger
     from omni_backends.registry import select
 
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     cfg.check()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     sel = select(cfg.device)  # cheap: no vendor stack imported yet
     say(f"device: {sel.name} ({sel.rule}): {sel.reason}")
-    run_cfg = device_defaults(RunConfig(device=sel.name, model_dir=cfg.model_dir or default_model_dir(),
-                                        out=tempfile.gettempdir(),  # serve writes no files
-                                        enforce_eager=cfg.enforce_eager, graph_mode=cfg.graph_mode,
-                                        runner=cfg.runner, seed=cfg.seed), sel.backend)
-    runner = check_engine_choices(run_cfg, sel.backend)
-    if runner != "auto":
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "v2" else "0"
-    with blame_import_failures():
-        if cfg.model_dir is None and not os.path.isdir(run_cfg.model_dir):
-            from core.models.create import create_demo_models
+    graph_cfg = GraphConfig(model_dir=cfg.model_dir, device=sel.name, chunk_frames=cfg.chunk_frames, seed=cfg.seed,
+                            enforce_eager=cfg.enforce_eager, graph_mode=cfg.graph_mode, runner=cfg.runner)
+    registries: dict[str, Any] = {}
+    if "stat_loggers" in {f.name for f in dataclasses.fields(GraphConfig)}:  # the graph takes vLLM stat loggers
+        from prometheus_client import CollectorRegistry
 
-            say(f"creating demo models in {run_cfg.model_dir} (first run)")
-            create_demo_models(run_cfg.model_dir)
-        validate(run_cfg, sel.backend)
-        sel.backend.check_vllm_platform()
-    model_dir = run_cfg.model_dir
-    sock = bind(cfg.host, cfg.port)
+        registries = {stage: CollectorRegistry() for stage in ("thinker", "talker", "code2wav")}
+        graph_cfg = dataclasses.replace(graph_cfg, stat_loggers={
+            stage: [stage_stat_logger(stage, reg)] for stage, reg in registries.items()})
+    sock = bind(cfg.host, cfg.port)  # a busy port fails before any engine starts
     life = _Lifecycle(say)
     t0 = time.perf_counter()
-    graph = await StageGraph.start(GraphConfig(model_dir=model_dir, device=sel.name, chunk_frames=cfg.chunk_frames,
-                                               enforce_eager=run_cfg.enforce_eager, graph_mode=run_cfg.graph_mode,
-                                               runner=run_cfg.runner, seed=cfg.seed), sel.backend, say=say)
+    try:
+        graph = await StageGraph.start(graph_cfg, sel.backend, say=say)
+    except BaseException:
+        sock.close()
+        raise
     state = ServerState(model_name=cfg.model_name, max_concurrency=cfg.max_concurrency,
-                        metrics=ServingMetrics(getattr(graph, "stat_registries", None)), on_stage_dead=life.stage_dead)
+                        metrics=ServingMetrics(registries), on_stage_dead=life.stage_dead)
     try:
         app = build_app(graph, state)
         config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=cfg.drain_timeout,
