@@ -176,6 +176,11 @@ async def serve(cfg: ServeConfig, say: Callable[[str], None] | None = None) -> i
     life = _Lifecycle(say)
     t0 = time.perf_counter()
     try:
+        # the architectures registered here first: vLLM's load_general_plugins marks its plugins loaded before
+        # it runs them, so of three engines built at once in threads, one can look its model up too early
+        from core.models import register
+
+        register()
         graph = await StageGraph.start(graph_cfg, sel.backend, say=say)
     except BaseException:
         sock.close()
