@@ -124,9 +124,10 @@ def test_streamed_pcm_equals_the_whole_body_and_starts_before_the_talker_finishe
     assert b"".join(base64.b64decode(e["audio"]) for e in deltas) == whole
     assert done["samples"] * 2 == len(whole)
     # the first chunk was in the client's hands before the talker made its last frame (same host: the server's
-    # perf_counter and ours are one CLOCK_MONOTONIC)
+    # perf_counter and ours are one CLOCK_MONOTONIC). The talker starts when the thinker finished, so it finished
+    # no earlier than submit + the thinker's seconds + the talker's: a lower bound of its end.
     submitted = float(headers["x-submitted-at"])
-    talker_done = submitted + done["timings"]["talker_done"]
+    talker_done = submitted + done["timings"]["thinker"] + done["timings"]["talker"]
     assert arrivals[0] < talker_done, (arrivals[0] - submitted, done["timings"])
 
 
@@ -196,8 +197,24 @@ def test_voices_models_and_metrics(server):
     count = next(line for line in text.splitlines() if line.startswith("omni_serve:time_to_first_audio_seconds_count"))
     assert float(count.split()[-1]) >= 1
     assert "omni_serve:real_time_factor_bucket" in text and "omni_serve:requests_in_flight" in text
+
+
+def test_metrics_carry_vllm_metrics_of_each_stage(server):
+    import dataclasses
+
+    from core.pipeline.config import GraphConfig
+
+    if "stat_loggers" not in {f.name for f in dataclasses.fields(GraphConfig)}:
+        pytest.skip("the stage graph takes no vLLM stat loggers (GraphConfig.stat_loggers): its engines run "
+                    "with vLLM's stats off, so /metrics has the server's metrics only")
+    speech(server, max_tokens=2, response_format="pcm")
+    with urllib.request.urlopen(f"{server.url}/metrics") as r:
+        text = r.read().decode()
     for stage in ("thinker", "talker", "code2wav"):
-        assert f'stage="{stage}"' in text and "vllm:" in text, stage
+        running = [line for line in text.splitlines()
+                   if line.startswith("vllm:num_requests_running{") and f'stage="{stage}"' in line]
+        assert len(running) == 1, (stage, running)
+    assert "# TYPE vllm:num_requests_running gauge" in text
 
 
 def test_sigterm_drains_the_request_in_flight_then_exits_0(served):
