@@ -149,6 +149,13 @@ class SpeechHandler:
     def _failed(self, exc: StageFailedError) -> ApiError:
         return self._dead() or ApiError(HTTPStatus.SERVICE_UNAVAILABLE, f"synthesis failed: {exc}")
 
+    def _crashed(self, exc: BaseException) -> ApiError:
+        """A 500 for an error of the graph that is not a stage failure (a bug: its traceback is logged)."""
+        import logging
+
+        logging.getLogger("core.serving").error("synthesis raised", exc_info=exc)
+        return ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, f"synthesis failed: {type(exc).__name__}: {exc}")
+
     async def __call__(self, request: Request) -> Response:
         m = self.state.metrics
         dead = self._dead()
@@ -228,9 +235,11 @@ class SpeechHandler:
             except StageFailedError as exc:
                 end["outcome"] = "failed"
                 queue.put_nowait(exc)
-            except BaseException as exc:
-                queue.put_nowait(exc)
+            except asyncio.CancelledError:
                 raise
+            except Exception as exc:  # a bug in the graph: the request gets a 500, the server keeps serving
+                end["outcome"] = "failed"
+                queue.put_nowait(exc)
 
         task = asyncio.ensure_future(produce())
         task.add_done_callback(lambda _: release(end["outcome"], **end["timings"]))
@@ -254,7 +263,7 @@ class SpeechHandler:
         if isinstance(failed, StageFailedError):
             return error_response(self._failed(failed), headers)
         if failed is not None:
-            raise failed
+            return error_response(self._crashed(failed), headers)
         pcm = b"".join(pcm16(x.samples) for x in items if _is_chunk(x))
         body = wav_bytes(pcm, int(self.graph.sample_rate)) if opts.response_format == "wav" else pcm
         return Response(body, media_type=MEDIA_TYPES[opts.response_format], headers=headers)
@@ -274,10 +283,11 @@ class SpeechHandler:
             return Response(status_code=499)
         if isinstance(first, StageFailedError):
             return error_response(self._failed(first), headers)
-        if first is _END or isinstance(first, BaseException):
-            task.cancel()
-            return error_response(ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, f"the stage graph made no audio "
-                                           f"({first!r})"), headers)
+        if isinstance(first, BaseException):
+            return error_response(self._crashed(first), headers)
+        if first is _END:
+            return error_response(ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, "the stage graph made no audio"),
+                                  headers)
 
         def encode(chunk: Any) -> bytes:
             pcm = pcm16(chunk.samples)
@@ -296,7 +306,10 @@ class SpeechHandler:
                         yield _sse({"type": "error", **self._failed(item).body()})
                         return
                     if isinstance(item, BaseException):
-                        raise item
+                        if not sse:
+                            raise item
+                        yield _sse({"type": "error", **self._crashed(item).body()})
+                        return
                     if _is_chunk(item):
                         yield encode(item)
                     elif sse:

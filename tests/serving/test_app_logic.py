@@ -62,6 +62,7 @@ class FakeGraph:
         self.n_chunks, self.chunk = n_chunks, chunk
         self.gate: asyncio.Event | None = None
         self.fail_at: int | None = None
+        self.crash_at: int | None = None
         self.dead_stage: str | None = None
         self.checked: list[Req] = []
         self.started: list[str] = []
@@ -82,6 +83,8 @@ class FakeGraph:
             for i in range(self.n_chunks):
                 if self.gate is not None:
                     await self.gate.wait()
+                if self.crash_at == i:
+                    raise RuntimeError("shape '[144, -1]' is invalid for input of size 2560")
                 if self.fail_at == i:
                     raise StageFailedError("the talker stage failed: its engine core died", stage="talker")
                 await asyncio.sleep(0)
@@ -303,3 +306,28 @@ def test_stage_metrics_are_merged_with_a_stage_label():
     assert text.count("# TYPE vllm:num_requests_running gauge") == 1
     assert 'vllm:num_requests_running{engine="0",model_name="thinker",stage="thinker"} 1.0' in text
     assert 'vllm:num_requests_running{engine="0",model_name="talker",stage="talker"} 2.0' in text
+
+
+def test_a_graph_bug_is_one_500_with_an_openai_body_and_the_server_keeps_serving():
+    graph = FakeGraph()
+    app, state, dead = _app(graph)
+
+    async def go():
+        async with _client(app) as c:
+            graph.crash_at = 0
+            whole = await c.post("/v1/audio/speech", json=GOOD)
+            streamed = await c.post("/v1/audio/speech", json={**GOOD, "stream": True})
+            graph.crash_at = 1
+            sse = await c.post("/v1/audio/speech", json={**GOOD, "stream_format": "sse"})
+            graph.crash_at = None
+            return whole, streamed, sse, await c.post("/v1/audio/speech", json=GOOD)
+
+    whole, streamed, sse, ok = _run(go())
+    for r in (whole, streamed):
+        assert r.status_code == 500 and r.json()["error"]["type"] == "InternalServerError"
+        assert "RuntimeError" in r.json()["error"]["message"]
+    events = [json.loads(line[len("data: "):]) for line in sse.text.split("\n\n") if line]
+    assert [e["type"] for e in events] == ["speech.audio.delta", "error"]
+    assert ok.status_code == 200 and state.in_flight == 0 and dead == []
+    m = state.metrics.exposition().decode()
+    assert 'omni_serve:requests_total{outcome="failed"} 3.0' in m
