@@ -30,9 +30,10 @@ from core.pipeline.config import DEFAULT_CHUNK_FRAMES, RunConfig
 from omni_backends.errors import BadInputError
 
 #: the longest a server with a dead stage takes to exit after noticing it (seconds), whatever hangs
-DEAD_EXIT_S = 8.0
-#: how long the graph's shutdown may take before the process exits anyway (seconds)
+DEAD_EXIT_S = 6.0
+#: how long the graph's shutdown may take before the process exits anyway (seconds; after a dead stage: 3)
 SHUTDOWN_TIMEOUT_S = 30.0
+DEAD_SHUTDOWN_TIMEOUT_S = 3.0
 
 
 @dataclasses.dataclass
@@ -206,10 +207,14 @@ async def serve(cfg: ServeConfig, say: Callable[[str], None] | None = None) -> i
                 signal.signal(sig, handler)
     finally:
         try:
-            await asyncio.wait_for(graph.shutdown(), SHUTDOWN_TIMEOUT_S)
+            await asyncio.wait_for(graph.shutdown(), DEAD_SHUTDOWN_TIMEOUT_S if life.dead_stage else SHUTDOWN_TIMEOUT_S)
         except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - exiting anyway; say why
             say(f"the stage graph did not shut down cleanly: {type(exc).__name__}: {exc}")
         sock.close()
     status = life.exit_status()
     say(f"stopped (exit status {status})")
+    if life.dead_stage is not None:  # no interpreter teardown (vLLM's exit hooks and threads) after a dead engine
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
     return status
