@@ -312,3 +312,23 @@ CONTRACT = SeamContract(name="core", root=ROOT, v1=V1, v2=V2, symbols=SYMBOLS)
 
 __all__ = ["ASYNC_OUTPUT", "CONTRACT", "IMPORTED", "MODEL_CALL_FORMS", "MODEL_OUTPUT_ADAPTER", "ROOT", "SYMBOLS", "V1",
            "V1_SEAMS", "V1_SYMBOLS", "V2", "V2_RUNNER_SEAMS", "V2_STATE_SEAMS", "V2_SYMBOLS"]
+
+# ------------------------------------------------------------------ serving (core/serving/): vLLM's OpenAI-server pieces
+#: the OpenAI-style error body and model list (0.32+: ``vllm.entrypoints.serve.engine.protocol``; 0.26:
+#: ``vllm.entrypoints.openai.engine.protocol``), resolved at call time
+OPENAI_ERROR_RESPONSE = VendorSymbol(
+    "vllm.entrypoints.serve.engine.protocol", "ErrorResponse", kind="attribute", defined_at=_here(1),
+    alternatives=(VendorSymbol("vllm.entrypoints.openai.engine.protocol", "ErrorResponse", kind="attribute"),))
+OPENAI_MODEL_CARD = VendorSymbol(
+    "vllm.entrypoints.serve.engine.protocol", "ModelCard", kind="attribute", defined_at=_here(1),
+    alternatives=(VendorSymbol("vllm.entrypoints.openai.engine.protocol", "ModelCard", kind="attribute"),))
+OPENAI_MODEL_LIST = VendorSymbol(
+    "vllm.entrypoints.serve.engine.protocol", "ModelList", kind="attribute", defined_at=_here(1),
+    alternatives=(VendorSymbol("vllm.entrypoints.openai.engine.protocol", "ModelList", kind="attribute"),))
+#: vLLM's Prometheus stat logger, one subclass per stage (core.serving.metrics): an ``AggregateStatLoggerBase``
+#: subclass is what ``StatLoggerManager`` builds as the engine's Prometheus logger instead of its default one
+PROMETHEUS_STAT_LOGGER = _call("vllm.v1.metrics.loggers", "PrometheusStatLogger", "vllm_config", "engine_indexes",
+                               kind="class")
+SERVING_SYMBOLS = (OPENAI_ERROR_RESPONSE, OPENAI_MODEL_CARD, OPENAI_MODEL_LIST, PROMETHEUS_STAT_LOGGER)
+SYMBOLS = (*SYMBOLS, *SERVING_SYMBOLS)
+CONTRACT = SeamContract(name="core", root=ROOT, v1=V1, v2=V2, symbols=SYMBOLS)

@@ -1,0 +1,176 @@
+"""Issue 26 benchmark: ``omni-backends serve`` under load vs the same requests one by one through ``run``.
+
+Starts a server (``python -m core.serving``, resident stage graph) unless ``--url`` names one, then for each
+concurrency level sends ``max(--min-requests, level)`` streamed (SSE) speech requests, ``level`` at a time,
+over HTTP on 127.0.0.1 and measures per request, on the client's clock:
+
+- time to first audio (TTFA): request sent -> first ``speech.audio.delta`` received;
+- real-time factor (RTF): request sent -> ``speech.audio.done``, divided by the audio's duration;
+- underruns: chunks that arrived after a player started at the first chunk would have run dry;
+
+and per level: audio seconds delivered per wall second (audio-s/s). The baseline is the one-shot path:
+``omni-backends run`` (a fresh process: three engines started, one request, exit), timed ``--run-baseline``
+times; "run, one by one" = requests x its median wall time; ratio = that / the served level's wall time.
+
+    python bench/bench_serve.py [--device cpu] [--concurrency 1 8 32] [--max-tokens 16] [--run-baseline 2]
+                                [--url http://127.0.0.1:8000] [--json OUT.json]
+
+Prints a markdown table and a JSON report (paste into bench/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+PROMPTS = ["Hello! Tell me about omni models.", "What is the weather like today?", "Read me a short poem.",
+           "Explain pipelines in one sentence.", "Count from one to five.", "Say something nice."]
+
+
+def pct(values: list[float], q: float) -> float:
+    """The ``q``-quantile (0..1) of ``values``, nearest-rank."""
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))]
+
+
+async def one(client, url: str, i: int, max_tokens: int) -> dict:
+    body = {"model": "omni-demo", "input": PROMPTS[i % len(PROMPTS)], "voice": f"voice-{i % 2}", "seed": i,
+            "max_tokens": max_tokens, "stream_format": "sse"}
+    t0 = time.perf_counter()
+    arrivals, durations, sr, done = [], [], 16000, None
+    async with client.stream("POST", f"{url}/v1/audio/speech", json=body) as r:
+        if r.status_code != 200:
+            return {"ok": False, "status": r.status_code, "error": (await r.aread()).decode()[:300]}
+        sr = int(r.headers["x-sample-rate"])
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            event = json.loads(line[6:])
+            if event["type"] == "speech.audio.delta":
+                arrivals.append(time.perf_counter())
+                durations.append(len(base64.b64decode(event["audio"])) / 2 / sr)
+            elif event["type"] == "speech.audio.done":
+                done = event
+            else:
+                return {"ok": False, "status": 200, "error": json.dumps(event)[:300]}
+    t1 = time.perf_counter()
+    audio = sum(durations)
+    underruns, played = 0, 0.0
+    for arrival, dur in zip(arrivals, durations):
+        if arrival > arrivals[0] + played + 1e-9:
+            underruns += 1
+        played += dur
+    return {"ok": done is not None and audio > 0, "ttfa": arrivals[0] - t0, "latency": t1 - t0, "audio": audio,
+            "rtf": (t1 - t0) / audio if audio else None, "underruns": underruns, "chunks": len(arrivals)}
+
+
+async def level(url: str, concurrency: int, n: int, max_tokens: int) -> dict:
+    import httpx
+
+    sem = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=concurrency + 4)) as client:
+        async def limited(i: int) -> dict:
+            async with sem:
+                return await one(client, url, i, max_tokens)
+
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(limited(i) for i in range(n)))
+        wall = time.perf_counter() - t0
+    ok = [r for r in results if r["ok"]]
+    row = {"concurrency": concurrency, "requests": n, "ok": len(ok), "wall_s": round(wall, 3)}
+    if ok:
+        ttfa = [r["ttfa"] for r in ok]
+        rtf = [r["rtf"] for r in ok]
+        row.update(ttfa_p50_s=round(pct(ttfa, 0.5), 3), ttfa_p99_s=round(pct(ttfa, 0.99), 3),
+                   rtf_p50=round(pct(rtf, 0.5), 3), rtf_p99=round(pct(rtf, 0.99), 3),
+                   audio_s_per_s=round(sum(r["audio"] for r in ok) / wall, 3),
+                   audio_s=round(sum(r["audio"] for r in ok), 3),
+                   underruns=sum(r["underruns"] for r in ok), chunks=sum(r["chunks"] for r in ok))
+    errors = [r for r in results if not r["ok"]]
+    if errors:
+        row["errors"] = errors[:3]
+    return row
+
+
+def run_baseline(times: int, device: str, model_dir: str | None, max_tokens: int) -> list[float]:
+    """Wall seconds of ``times`` one-shot ``omni-backends run`` processes (from this checkout)."""
+    walls = []
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    for i in range(times):
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [sys.executable, "-m", "omni_backends.cli", "run", "--device", device, "--out",
+                   os.path.join(tmp, "out"), "--prompt", PROMPTS[i % len(PROMPTS)], "--voice", str(i % 2),
+                   "--seed", str(i), "--max-tokens", str(max_tokens)] + (["--model-dir", model_dir] if model_dir else [])
+            t0 = time.perf_counter()
+            subprocess.run(cmd, env=env, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            walls.append(time.perf_counter() - t0)
+    return walls
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--model-dir", default=None)
+    ap.add_argument("--url", default=None, help="an already running server (default: start one)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--min-requests", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--chunk-frames", type=int, default=None)
+    ap.add_argument("--run-baseline", type=int, default=2, help="one-shot `run` processes to time (0: none)")
+    ap.add_argument("--json", default=None, help="also write the report here")
+    args = ap.parse_args()
+
+    from core.serving.process import ServerProcess
+
+    server = None
+    url = args.url
+    t_start = time.perf_counter()
+    if url is None:
+        extra = ["--device", args.device, "--max-concurrency", str(max(args.concurrency) + 8)]
+        extra += ["--model-dir", args.model_dir] if args.model_dir else []
+        extra += ["--chunk-frames", str(args.chunk_frames)] if args.chunk_frames else []
+        env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        server = ServerProcess(extra, env=env, cwd=ROOT).start()
+        url = server.url
+    startup = time.perf_counter() - t_start
+    try:
+        asyncio.run(level(url, 1, 2, args.max_tokens))  # warm-up, not counted
+        rows = [asyncio.run(level(url, c, max(args.min_requests, c), args.max_tokens)) for c in args.concurrency]
+    finally:
+        status = server.stop() if server is not None else None
+    walls = run_baseline(args.run_baseline, args.device, args.model_dir, args.max_tokens) if args.run_baseline else []
+    per_run = statistics.median(walls) if walls else None
+    for row in rows:
+        if per_run is not None:
+            row["run_one_by_one_s"] = round(per_run * row["requests"], 1)
+            row["speedup_vs_run"] = round(per_run * row["requests"] / row["wall_s"], 1)
+    report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
+              "cpus": os.cpu_count(), "device": args.device, "max_tokens": args.max_tokens,
+              "server_start_s": round(startup, 1) if server else None, "server_exit_status": status,
+              "run_walls_s": [round(w, 1) for w in walls], "levels": rows}
+    cols = ("concurrency", "requests", "ok", "wall_s", "ttfa_p50_s", "ttfa_p99_s", "rtf_p50", "rtf_p99",
+            "audio_s_per_s", "underruns", "run_one_by_one_s", "speedup_vs_run")
+    print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
+    for row in rows:
+        print("| " + " | ".join(str(row.get(c, "")) for c in cols) + " |")
+    print(json.dumps(report, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0 if all(r["ok"] == r["requests"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

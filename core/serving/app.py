@@ -1,0 +1,365 @@
+"""The HTTP app (FastAPI) over a started stage graph: OpenAI's speech endpoint, voices, models, health, metrics.
+
+- ``POST /v1/audio/speech``: checked (:func:`core.serving.protocol.parse_speech`, then the graph's ``check``)
+  before any engine work -> 400/404 with an OpenAI-style body; past ``max_concurrency`` requests in flight ->
+  429; then ``graph.synthesize``: a complete WAV (or raw PCM), or streamed: raw PCM chunks (``audio/pcm``) or
+  server-sent events (``speech.audio.delta`` with base64 PCM, then ``speech.audio.done``) as code2wav makes them.
+  A stage failure before the first byte is a 503; after it, an SSE ``error`` event (raw PCM: the connection is
+  cut, so the body is incomplete). A client that goes away aborts its request in every stage: the synthesize
+  iterator is cancelled / closed (the stage graph's contract).
+- ``GET /v1/audio/voices``, ``GET /v1/models``, ``GET /health`` (503 once a stage died, or while draining),
+  ``GET /metrics`` (:mod:`core.serving.metrics`).
+
+Every response of the speech endpoint carries ``X-Request-Id`` and ``X-Sample-Rate``; ``X-Submitted-At`` is the
+server's ``time.perf_counter()`` when the request reached the graph (CLOCK_MONOTONIC on Linux: comparable with a
+client's on the same host).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import json
+import time
+import uuid
+from http import HTTPStatus
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from core.serving.metrics import CONTENT_TYPE, ServingMetrics
+from core.serving.protocol import ApiError, SpeechOptions, bad_request, graph_refusal, parse_speech, voice_names
+from omni_backends.errors import BadInputError, StageFailedError
+
+#: media types of the two audio encodings
+MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm"}
+
+
+@dataclasses.dataclass
+class ServerState:
+    """What the routes share: the served model name, the concurrency limit, requests in flight, whether the
+    server drains (SIGTERM: no new requests, in-flight ones finish), the metrics, and ``on_stage_dead`` (called
+    once with the stage's name when a request finds the graph's ``dead_stage`` set)."""
+
+    model_name: str = "omni-demo"
+    max_concurrency: int = 32
+    in_flight: int = 0
+    draining: bool = False
+    metrics: ServingMetrics = dataclasses.field(default_factory=ServingMetrics)
+    on_stage_dead: Callable[[str], None] | None = None
+    #: the stage graph's request class (``core.pipeline.graph.SpeechRequest``); None: imported on first use
+    request_cls: Any = None
+
+
+#: the end of a synthesis, in a request's queue
+_END = object()
+
+
+class ClientGone(Exception):
+    """The client disconnected before its response started."""
+
+
+def error_response(exc: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+def _is_chunk(item: Any) -> bool:
+    """An ``AudioChunk`` (it has ``ready_at``), not the final ``SpeechResult``."""
+    return hasattr(item, "ready_at")
+
+
+async def _until_disconnected(receive: Callable[[], Any]) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(request: Request, awaitable: Any) -> Any:
+    """The result of ``awaitable``; if the client disconnects first, cancel it (so the graph aborts the request
+    in every stage) and raise :class:`ClientGone`."""
+    task = asyncio.ensure_future(awaitable)
+    watch = asyncio.ensure_future(_until_disconnected(request.receive))
+    try:
+        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        raise ClientGone()
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+            try:
+                await task
+            except BaseException:  # noqa: BLE001 - the cancelled synthesis' own ending
+                pass
+
+
+class _ClosingStream(StreamingResponse):
+    """A StreamingResponse that closes its body iterator however the response ends (Starlette cancels the
+    sending task when the client disconnects but leaves a generator suspended at a ``yield`` unclosed)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+def _sse(event: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(event)}\n\n".encode()
+
+
+def _usage(result: Any) -> dict[str, int]:
+    return {"input_tokens": int(result.prompt_tokens), "output_tokens": int(result.codes.shape[0]),
+            "total_tokens": int(result.prompt_tokens) + int(result.codes.shape[0])}
+
+
+def _done_event(result: Any, submitted_at: float, sample_rate: int) -> dict[str, Any]:
+    return {"type": "speech.audio.done", "usage": _usage(result), "request_id": result.request_id,
+            "samples": int(result.samples), "sample_rate": sample_rate, "submitted_at": submitted_at,
+            "timings": {k: float(v) for k, v in result.timings.items()}, "thinker_text": result.thinker_text}
+
+
+class SpeechHandler:
+    """One speech request from check to last byte (see the module docstring)."""
+
+    def __init__(self, graph: Any, state: ServerState):
+        self.graph = graph
+        self.state = state
+
+    def _request(self, opts: SpeechOptions, request_id: str) -> Any:
+        cls = self.state.request_cls
+        if cls is None:
+            from core.pipeline.graph import SpeechRequest as cls  # noqa: N813 - the graph's class
+
+            self.state.request_cls = cls
+        return cls(text=opts.text, voice=opts.voice, seed=opts.seed, max_tokens=opts.max_tokens,
+                   request_id=request_id)
+
+    def _dead(self) -> ApiError | None:
+        stage = getattr(self.graph, "dead_stage", None)
+        if stage is None:
+            return None
+        if self.state.on_stage_dead is not None:
+            self.state.on_stage_dead(stage)
+        return ApiError(HTTPStatus.SERVICE_UNAVAILABLE, f"the {stage} stage's engine died; this server is "
+                        "shutting down (restart it)")
+
+    def _failed(self, exc: StageFailedError) -> ApiError:
+        return self._dead() or ApiError(HTTPStatus.SERVICE_UNAVAILABLE, f"synthesis failed: {exc}")
+
+    def _crashed(self, exc: BaseException) -> ApiError:
+        """A 500 for an error of the graph that is not a stage failure (a bug: its traceback is logged)."""
+        import logging
+
+        logging.getLogger("core.serving").error("synthesis raised", exc_info=exc)
+        return ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, f"synthesis failed: {type(exc).__name__}: {exc}")
+
+    async def __call__(self, request: Request) -> Response:
+        m = self.state.metrics
+        dead = self._dead()
+        if dead is not None:
+            return error_response(dead)
+        if self.state.draining:
+            return error_response(ApiError(HTTPStatus.SERVICE_UNAVAILABLE, "this server is shutting down; "
+                                           "send the request to another instance"))
+        try:
+            try:
+                body = json.loads(await request.body())
+            except ValueError as exc:
+                raise bad_request(f"the request body is not valid JSON ({exc})") from exc
+            opts = parse_speech(body, model_name=self.state.model_name, num_voices=int(self.graph.num_voices))
+            req = self._request(opts, f"speech-{uuid.uuid4().hex}")
+            try:
+                self.graph.check(req)
+            except BadInputError as exc:
+                raise graph_refusal(exc) from exc
+        except ApiError as exc:
+            m.finished("bad_request")
+            return error_response(exc)
+        if self.state.in_flight >= self.state.max_concurrency:
+            m.finished("rejected")
+            return error_response(ApiError(HTTPStatus.TOO_MANY_REQUESTS, f"{self.state.in_flight} requests in "
+                                           f"flight, the limit (--max-concurrency) is {self.state.max_concurrency};"
+                                           " retry later"))
+        self.state.in_flight += 1
+        m.in_flight.set(self.state.in_flight)
+        release = self._releaser()
+        if opts.stream:
+            return await self._stream(request, req, opts, release)
+        return await self._whole(request, req, opts, release)
+
+    def _releaser(self) -> Callable[..., None]:
+        done = False
+
+        def release(outcome: str, **timings: float | None) -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            self.state.in_flight -= 1
+            self.state.metrics.in_flight.set(self.state.in_flight)
+            self.state.metrics.finished(outcome, **timings)
+
+        return release
+
+    def _headers(self, req: Any, submitted_at: float) -> dict[str, str]:
+        return {"X-Request-Id": str(req.request_id), "X-Sample-Rate": str(int(self.graph.sample_rate)),
+                "X-Submitted-At": repr(submitted_at)}
+
+    def _timings(self, result: Any, submitted_at: float, first: float | None) -> dict[str, float | None]:
+        return {"first_chunk_s": None if first is None else first - submitted_at,
+                "wall_s": time.perf_counter() - submitted_at,
+                "audio_s": int(result.samples) / int(self.graph.sample_rate)}
+
+    def _produce(self, req: Any, submitted_at: float, release: Callable[..., None]) -> tuple[asyncio.Task, asyncio.Queue]:
+        """Start synthesising ``req`` in a task of its own, outside Starlette's cancel scopes (so that cancelling
+        it -- the client went away -- runs the graph's abort once, undisturbed). Its items (chunks, then the
+        result) go to the returned queue, then either ``_END`` or the exception that ended it; the concurrency
+        slot is released when the task ends."""
+        queue: asyncio.Queue = asyncio.Queue()
+        first: list[float] = []
+
+        end: dict[str, Any] = {"outcome": "aborted", "timings": {}}
+
+        async def produce() -> None:
+            try:
+                async for item in self.graph.synthesize(req):
+                    if _is_chunk(item) and not first:
+                        first.append(float(item.ready_at))
+                    elif not _is_chunk(item):
+                        end.update(outcome="ok", timings=self._timings(item, submitted_at, first[0] if first else None))
+                    queue.put_nowait(item)
+                queue.put_nowait(_END)
+            except StageFailedError as exc:
+                end["outcome"] = "failed"
+                queue.put_nowait(exc)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug in the graph: the request gets a 500, the server keeps serving
+                end["outcome"] = "failed"
+                queue.put_nowait(exc)
+
+        task = asyncio.ensure_future(produce())
+        task.add_done_callback(lambda _: release(end["outcome"], **end["timings"]))
+        return task, queue
+
+    async def _whole(self, request: Request, req: Any, opts: SpeechOptions, release: Callable[..., None]) -> Response:
+        from core.pipeline.audio import pcm16, wav_bytes
+
+        submitted_at = time.perf_counter()
+        task, queue = self._produce(req, submitted_at, release)
+        headers = self._headers(req, submitted_at)
+        try:
+            await _unless_disconnected(request, asyncio.shield(task))
+        except ClientGone:
+            task.cancel()
+            return Response(status_code=499)  # nobody reads it
+        except StageFailedError:
+            pass
+        items = [queue.get_nowait() for _ in range(queue.qsize())]
+        failed = next((x for x in items if isinstance(x, BaseException)), None)
+        if isinstance(failed, StageFailedError):
+            return error_response(self._failed(failed), headers)
+        if failed is not None:
+            return error_response(self._crashed(failed), headers)
+        pcm = b"".join(pcm16(x.samples) for x in items if _is_chunk(x))
+        body = wav_bytes(pcm, int(self.graph.sample_rate)) if opts.response_format == "wav" else pcm
+        return Response(body, media_type=MEDIA_TYPES[opts.response_format], headers=headers)
+
+    async def _stream(self, request: Request, req: Any, opts: SpeechOptions, release: Callable[..., None]) -> Response:
+        from core.pipeline.audio import pcm16
+
+        submitted_at = time.perf_counter()
+        task, queue = self._produce(req, submitted_at, release)
+        headers = self._headers(req, submitted_at)
+        sse = opts.stream_format == "sse"
+        sr = int(self.graph.sample_rate)
+        try:
+            first = await _unless_disconnected(request, queue.get())
+        except ClientGone:
+            task.cancel()
+            return Response(status_code=499)
+        if isinstance(first, StageFailedError):
+            return error_response(self._failed(first), headers)
+        if isinstance(first, BaseException):
+            return error_response(self._crashed(first), headers)
+        if first is _END:
+            return error_response(ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, "the stage graph made no audio"),
+                                  headers)
+
+        def encode(chunk: Any) -> bytes:
+            pcm = pcm16(chunk.samples)
+            if not sse:
+                return pcm
+            return _sse({"type": "speech.audio.delta", "audio": base64.b64encode(pcm).decode(),
+                         "index": int(chunk.index), "ready_at": float(chunk.ready_at)})
+
+        async def body() -> AsyncIterator[bytes]:
+            item = first
+            try:
+                while item is not _END:
+                    if isinstance(item, StageFailedError):
+                        if not sse:
+                            raise item  # the connection is cut: the client sees an incomplete body
+                        yield _sse({"type": "error", **self._failed(item).body()})
+                        return
+                    if isinstance(item, BaseException):
+                        if not sse:
+                            raise item
+                        yield _sse({"type": "error", **self._crashed(item).body()})
+                        return
+                    if _is_chunk(item):
+                        yield encode(item)
+                    elif sse:
+                        yield _sse(_done_event(item, submitted_at, sr))
+                    item = await queue.get()
+            finally:
+                task.cancel()  # a no-op once synthesis ended; else the client is gone: abort in every stage
+
+        return _ClosingStream(body(), media_type="text/event-stream" if sse else MEDIA_TYPES["pcm"],
+                              headers={**headers, "Cache-Control": "no-cache"})
+
+
+def build_app(graph: Any, state: ServerState) -> FastAPI:
+    """The FastAPI app serving ``graph`` (a started ``core.pipeline.graph.StageGraph``: ``check``,
+    ``synthesize``, ``running``, ``dead_stage``, ``sample_rate``, ``num_voices``) with ``state``."""
+    app = FastAPI(title="omni-backends", description="OpenAI-compatible speech over the omni stage graph",
+                  docs_url=None, redoc_url=None)
+    app.state.serving = state
+    speech = SpeechHandler(graph, state)
+
+    @app.post("/v1/audio/speech")
+    async def create_speech(request: Request) -> Response:
+        return await speech(request)
+
+    @app.get("/v1/audio/voices")
+    async def list_voices() -> dict[str, Any]:
+        return {"voices": voice_names(int(graph.num_voices))}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        from core.seams import OPENAI_MODEL_CARD, OPENAI_MODEL_LIST
+
+        card = OPENAI_MODEL_CARD.resolve()(id=state.model_name, owned_by="omni-backends", root=state.model_name)
+        return OPENAI_MODEL_LIST.resolve()(data=[card]).model_dump()
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        dead = graph.dead_stage
+        running = {stage: sorted(ids) for stage, ids in graph.running().items()}
+        body = {"status": "ok", "model": state.model_name, "in_flight": state.in_flight, "running": running}
+        if dead is not None:
+            if state.on_stage_dead is not None:
+                state.on_stage_dead(dead)
+            return JSONResponse({**body, "status": "unhealthy", "dead_stage": dead}, status_code=503)
+        if state.draining:
+            return JSONResponse({**body, "status": "draining"}, status_code=503)
+        return JSONResponse(body)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
+
+    return app

@@ -1,0 +1,172 @@
+"""The speech API's wire format: OpenAI's ``POST /v1/audio/speech`` request, checked field by field before any
+engine work, and its OpenAI-style error body.
+
+Light: importing it imports neither vLLM nor torch; the error body is built from vLLM's own ``ErrorResponse``
+(``core.seams.OPENAI_ERROR_RESPONSE``) only when an error is sent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from http import HTTPStatus
+from typing import Any
+
+from core.pipeline.config import MAX_SEED, THINKER_MAX_MODEL_LEN
+from core.seams import OPENAI_ERROR_RESPONSE
+
+#: what a non-streamed response can be: a complete mono 16-bit WAV, or the same samples as raw PCM
+RESPONSE_FORMATS = ("wav", "pcm")
+#: how a streamed response is framed: raw PCM chunks (``audio/pcm``) or server-sent events (base64 PCM)
+STREAM_FORMATS = ("audio", "sse")
+#: OpenAI's limit on ``input`` (characters); the thinker's own token limit is checked by the stage graph
+MAX_INPUT_CHARS = 4096
+#: thinker tokens when the request names none (what ``omni-backends run`` uses)
+DEFAULT_MAX_TOKENS = 32
+#: every field the endpoint reads; any other is refused (naming these)
+FIELDS = ("model", "input", "voice", "instructions", "response_format", "speed", "stream", "stream_format",
+          "seed", "max_tokens")
+#: the voice names: ``voice-0`` .. ``voice-{num_voices-1}`` = the talker's voice ids
+VOICE_PREFIX = "voice-"
+
+
+class ApiError(Exception):
+    """An HTTP error with an OpenAI-style body (vLLM's ``ErrorResponse``: ``{"error": {"message", "type",
+    "param", "code"}}``). ``status``: the HTTP status (int); ``param``: the request field at fault, or None."""
+
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status = int(status)
+        self.message = message
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body, validated by vLLM's ``ErrorResponse`` model (``type`` is the status's name in vLLM's
+        spelling, e.g. ``BadRequestError``, ``TooManyRequestsError``, ``ServiceUnavailableError``)."""
+        phrase = HTTPStatus(self.status).phrase.replace(" ", "").replace("-", "")
+        err_type = phrase if phrase.endswith("Error") else phrase + "Error"
+        model = OPENAI_ERROR_RESPONSE.resolve()
+        return model.model_validate({"error": {"message": self.message, "type": err_type, "param": self.param,
+                                               "code": self.status}}).model_dump()
+
+
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    """A 400 naming ``param``."""
+    return ApiError(HTTPStatus.BAD_REQUEST, message, param)
+
+
+def voice_names(num_voices: int) -> list[str]:
+    """``["voice-0", ..., "voice-{num_voices-1}"]``: the names ``GET /v1/audio/voices`` lists."""
+    return [f"{VOICE_PREFIX}{i}" for i in range(num_voices)]
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeechOptions:
+    """A checked speech request: what the stage graph synthesises (``text``, ``voice`` id, ``seed``,
+    ``max_tokens``) and how the audio leaves (``response_format`` wav|pcm, ``stream``, ``stream_format``
+    audio|sse, None when not streamed)."""
+
+    text: str
+    voice: int
+    seed: int
+    max_tokens: int
+    response_format: str
+    stream: bool
+    stream_format: str | None
+
+
+def _int(body: dict[str, Any], name: str, default: int, lo: int, hi: int) -> int:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise bad_request(f"'{name}' must be an integer in {lo}..{hi}, got {value!r}", name)
+    if not lo <= value <= hi:
+        raise bad_request(f"'{name}' must be in {lo}..{hi}, got {value}", name)
+    return value
+
+
+def _voice(value: Any, num_voices: int) -> int:
+    names = voice_names(num_voices)
+    if isinstance(value, dict) and set(value) == {"id"}:  # OpenAI's custom-voice form {"id": ...}
+        value = value["id"]
+    if not isinstance(value, str) or value not in names:
+        raise bad_request(f"unknown voice {value!r}; this model's voices are {', '.join(names)} "
+                          f"(GET /v1/audio/voices)", "voice")
+    return int(value[len(VOICE_PREFIX):])
+
+
+def parse_speech(body: Any, *, model_name: str, num_voices: int) -> SpeechOptions:
+    """Check an OpenAI speech request body (the decoded JSON) field by field; no engine work.
+
+    ``model`` must be ``model_name`` (404 otherwise, as vLLM answers an unknown model); ``input`` non-empty text
+    of at most :data:`MAX_INPUT_CHARS` characters; ``voice`` one of :func:`voice_names` (or ``{"id": name}``);
+    ``response_format`` one of :data:`RESPONSE_FORMATS` (default ``wav``, ``pcm`` when streamed); ``speed``
+    absent or 1.0; ``instructions`` absent or empty; ``stream`` a boolean; ``stream_format`` one of
+    :data:`STREAM_FORMATS` (``sse`` streams even without ``stream``); ``seed`` 0..2**32-1 (default 0);
+    ``max_tokens`` 1..THINKER_MAX_MODEL_LEN-1 (default 32). Raises :class:`ApiError` (400, or 404 for the model)
+    naming the field and what to send instead.
+    """
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object with 'model', 'input' and 'voice'")
+    unknown = sorted(set(body) - set(FIELDS))
+    if unknown:
+        raise bad_request(f"unknown field(s) {', '.join(map(repr, unknown))}; this endpoint reads "
+                          f"{', '.join(FIELDS)}", unknown[0])
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request(f"'model' is required: {model_name!r} (GET /v1/models)", "model")
+    if model != model_name:
+        raise ApiError(HTTPStatus.NOT_FOUND, f"The model `{model}` does not exist; this server serves "
+                       f"{model_name!r} (GET /v1/models)", "model")
+    text = body.get("input")
+    if not isinstance(text, str):
+        raise bad_request(f"'input' must be text, got {type(text).__name__}", "input")
+    if not text.strip():
+        raise bad_request("'input' is empty; send the text to speak", "input")
+    if len(text) > MAX_INPUT_CHARS:
+        raise bad_request(f"'input' is {len(text)} characters; the limit is {MAX_INPUT_CHARS}", "input")
+    if "voice" not in body:
+        raise bad_request(f"'voice' is required: one of {', '.join(voice_names(num_voices))}", "voice")
+    voice = _voice(body["voice"], num_voices)
+    instructions = body.get("instructions")
+    if instructions not in (None, ""):
+        raise bad_request("'instructions' are not supported by this model; leave them out", "instructions")
+    speed = body.get("speed")
+    if speed is not None and (not isinstance(speed, (int, float)) or isinstance(speed, bool)
+                              or not math.isfinite(speed) or speed != 1.0):
+        raise bad_request(f"'speed' must be 1.0 (this model speaks at one speed), got {speed!r}", "speed")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise bad_request(f"'stream' must be true or false, got {stream!r}", "stream")
+    stream_format = body.get("stream_format")
+    if stream_format is not None and stream_format not in STREAM_FORMATS:
+        raise bad_request(f"'stream_format' must be one of {', '.join(STREAM_FORMATS)}, got {stream_format!r}",
+                          "stream_format")
+    stream = stream or stream_format == "sse"
+    fmt = body.get("response_format")
+    if fmt is not None and fmt not in RESPONSE_FORMATS:
+        raise bad_request(f"'response_format' must be one of {', '.join(RESPONSE_FORMATS)}, got {fmt!r}",
+                          "response_format")
+    if stream and fmt == "wav":
+        raise bad_request("a streamed response carries raw 16-bit PCM; send response_format 'pcm', or "
+                          "stream false for a complete WAV", "response_format")
+    seed = _int(body, "seed", 0, 0, MAX_SEED)
+    max_tokens = _int(body, "max_tokens", DEFAULT_MAX_TOKENS, 1, THINKER_MAX_MODEL_LEN - 1)
+    return SpeechOptions(text=text, voice=voice, seed=seed, max_tokens=max_tokens,
+                         response_format=fmt or ("pcm" if stream else "wav"), stream=stream,
+                         stream_format=(stream_format or "audio") if stream else None)
+
+
+#: the SpeechRequest field a graph's check message names -> the request field it came from
+_GRAPH_FIELDS = (("text", "input"), ("prompt", "input"), ("voice", "voice"), ("seed", "seed"),
+                 ("max_tokens", "max_tokens"))
+
+
+def graph_refusal(exc: Exception) -> ApiError:
+    """The 400 for a request the stage graph's ``check`` refused (its message names the field)."""
+    message = str(exc)
+    param = next((field for key, field in _GRAPH_FIELDS if key in message), None)
+    return bad_request(message, param)

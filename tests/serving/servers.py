@@ -1,0 +1,31 @@
+"""Helpers of the real-server tests: a server process on the real stage graph (cpu) and
+``omni-backends run``'s out.wav for a request, both started from this checkout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: the environment of every process these tests start: this checkout first, vLLM quiet, 1 GiB KV cache
+ENV = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "VLLM_LOGGING_LEVEL": "ERROR",
+       "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def start_server(demo: str, *extra: str):
+    """A started :class:`core.serving.process.ServerProcess` on the cpu driver over ``demo``."""
+    from core.serving.process import ServerProcess
+
+    pytest.importorskip("vllm")
+    return ServerProcess(["--device", "cpu", "--model-dir", demo, *extra], env=ENV, cwd=ROOT).start()
+
+
+def run_out_wav(demo: str, out: str, prompt: str, voice: int, seed: int, max_tokens: int) -> subprocess.Popen:
+    """``omni-backends run`` (from this checkout) writing ``out``/out.wav; the started process."""
+    cmd = [sys.executable, "-m", "omni_backends.cli", "run", "--device", "cpu", "--model-dir", demo, "--out", out,
+           "--prompt", prompt, "--voice", str(voice), "--seed", str(seed), "--max-tokens", str(max_tokens)]
+    return subprocess.Popen(cmd, env={**os.environ, **ENV}, cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
