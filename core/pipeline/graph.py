@@ -258,7 +258,10 @@ class StageGraph:
             from core.stage import make_async_engine  # looked up per call: a wrapper set on core.stage is used
 
             t0 = time.perf_counter()
-            extra = {} if stage == "thinker" else {"skip_tokenizer_init": True}
+            # talker and code2wav prompts are placeholder ids ([0] * n) standing for per-request embeddings / codes:
+            # vLLM's prefix cache would reuse another request's (or an earlier chunk's) KV for them (seen: short
+            # code2wav chunks past 128 frames); only the thinker's prompt is real text
+            extra = {} if stage == "thinker" else {"skip_tokenizer_init": True, "enable_prefix_caching": False}
             engines[stage] = make_async_engine(dirs[stage], kind=_KIND[stage], device=cfg.device,
                                                max_model_len=_MAX_LEN[stage], **engine_kw(cfg), **mem[stage],
                                                **extra)

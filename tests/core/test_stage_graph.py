@@ -129,6 +129,19 @@ def test_the_first_chunk_is_ready_before_the_talker_finished(loop, graph):
     assert t["first_chunk"] < t["talker_finished"] <= t["total"], t
 
 
+def test_long_requests_keep_every_frame_when_their_chunk_prompts_repeat(loop, graph):
+    # talker / code2wav prompts are placeholder ids: with vLLM's prefix cache on, a later chunk (or request) hit
+    # an earlier one's cached KV and came back short (2560 samples for 144 frames, then an error)
+    from core.pipeline.graph import SpeechRequest
+
+    for i in range(2):
+        chunks, result = loop.run_until_complete(_synth(graph, SpeechRequest("Say it twice", max_tokens=90,
+                                                                              request_id=f"long-{i}")))
+        hop = chunks[0].samples.numel() // chunks[0].codes.shape[0]
+        assert all(c.samples.numel() == c.codes.shape[0] * hop for c in chunks)
+        assert result.samples == result.codes.shape[0] * hop and result.codes.shape[0] > 128
+
+
 def test_closing_the_stream_aborts_the_request_in_every_stage(loop, graph):
     from core.pipeline.graph import SpeechRequest
 
