@@ -109,9 +109,14 @@ ASYNC_LLM_SHUTDOWN = VendorSymbol("vllm.v1.engine.async_llm", "AsyncLLM.shutdown
 ASYNC_LLM_ERRORED = _attr("vllm.v1.engine.async_llm", "AsyncLLM.errored")
 ASYNC_LLM_ABORT = _call("vllm.v1.engine.async_llm", "AsyncLLM.abort", "request_id")
 ASYNC_LLM_GENERATE = _call("vllm.v1.engine.async_llm", "AsyncLLM.generate", "prompt", "sampling_params", "request_id")
+#: how the engine factory builds an AsyncLLM; ``stat_loggers``: the serve command's per-stage Prometheus loggers
+ASYNC_LLM_FROM_ENGINE_ARGS = VendorSymbol("vllm.v1.engine.async_llm", "AsyncLLM.from_engine_args",
+                                          params=("engine_args", "stat_loggers"), required=("engine_args",),
+                                          defined_at=_here(1))
 OUTPUT_PROCESSOR_REQUEST_IDS = _attr("vllm.v1.engine.output_processor", "OutputProcessor.external_req_ids")
 PIPELINE_SYMBOLS = (ENGINE_CORE_PROCESSES, ENGINE_CORE_SHUTDOWN, ENGINE_DEAD_ERROR, ASYNC_LLM_SHUTDOWN,
-                    ASYNC_LLM_ERRORED, ASYNC_LLM_ABORT, ASYNC_LLM_GENERATE, OUTPUT_PROCESSOR_REQUEST_IDS)
+                    ASYNC_LLM_ERRORED, ASYNC_LLM_ABORT, ASYNC_LLM_GENERATE, OUTPUT_PROCESSOR_REQUEST_IDS,
+                    ASYNC_LLM_FROM_ENGINE_ARGS)
 
 
 # ------------------------------------------------------------------ graphs (core.hooks.graphs)

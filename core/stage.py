@@ -218,7 +218,8 @@ def make_async_engine(model: str, *, kind: str = AR, device: str | None = None, 
     and :func:`core.engine.attach_omni_frontend`. ``engine_kwargs`` are
     ``AsyncEngineArgs`` fields (those ``vllm.LLM`` takes: ``dtype``,
     ``max_model_len``, ``enforce_eager``, ``compilation_config`` as a dict, ...);
-    ``disable_log_stats`` defaults to ``True`` as ``vllm.LLM``'s does.
+    ``disable_log_stats`` defaults to ``True`` as ``vllm.LLM``'s does; ``stat_loggers`` (vLLM
+    ``StatLoggerFactory`` list, ``AsyncLLM.from_engine_args``'s) turns the stats on for those loggers.
 
     Every ``RequestOutput`` that ``AsyncLLM.generate`` yields carries
     ``multimodal_outputs`` (name -> tensor, dim 0 = tokens): with
@@ -240,9 +241,12 @@ def make_async_engine(model: str, *, kind: str = AR, device: str | None = None, 
 
         from core.engine import attach_omni_frontend
 
+        stat_loggers = engine_kwargs.pop("stat_loggers", None)
+        if stat_loggers:  # vLLM's stats on for the loggers given (the serve command's per-stage Prometheus loggers)
+            engine_kwargs.setdefault("disable_log_stats", False)
         args = AsyncEngineArgs(model=model, worker_cls=WORKER_CLS[kind], scheduler_cls=SCHEDULER_CLS,
                                **{"disable_log_stats": True, **engine_kwargs})
-        engine = AsyncLLM.from_engine_args(args)
+        engine = AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers)
         try:
             return attach_omni_frontend(engine, kind)
         except BaseException:  # never leave a started engine (and its process) behind

@@ -137,6 +137,9 @@ class GraphConfig:
     enforce_eager: bool | None = None
     graph_mode: str | None = None
     runner: str = "auto"
+    #: stage -> vLLM ``StatLoggerFactory`` list for that stage's ``AsyncLLM`` (the serve command's per-stage
+    #: Prometheus loggers, ``core.serving.metrics``); ``None``: vLLM's stats off, as ``vllm.LLM``'s
+    stat_loggers: dict[str, list[Any]] | None = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -145,6 +148,10 @@ class GraphConfig:
         """Check every value's type and range (no file system, no vLLM); raises :class:`BadInputError`."""
         if self.model_dir is not None and (not isinstance(self.model_dir, str) or not self.model_dir.strip()):
             raise BadInputError(f"model_dir (--model-dir) must be a directory path or None, got {self.model_dir!r}")
+        if self.stat_loggers is not None and (not isinstance(self.stat_loggers, dict)
+                                              or set(self.stat_loggers) - set(STAGES)):
+            raise BadInputError(f"stat_loggers must map stage names ({', '.join(STAGES)}) to vLLM stat logger "
+                                f"factories, got {self.stat_loggers!r}")
         _check_int(self.chunk_frames, "chunk_frames", "--chunk-frames", 1, TALKER_MAX_MODEL_LEN)
         _check_int(self.seed, "seed", "--seed", 0, MAX_SEED)
         _check_engine_options(self)

@@ -262,6 +262,8 @@ class StageGraph:
             # vLLM's prefix cache would reuse another request's (or an earlier chunk's) KV for them (seen: short
             # code2wav chunks past 128 frames); only the thinker's prompt is real text
             extra = {} if stage == "thinker" else {"skip_tokenizer_init": True, "enable_prefix_caching": False}
+            if cfg.stat_loggers and cfg.stat_loggers.get(stage):
+                extra["stat_loggers"] = list(cfg.stat_loggers[stage])
             engines[stage] = make_async_engine(dirs[stage], kind=_KIND[stage], device=cfg.device,
                                                max_model_len=_MAX_LEN[stage], **engine_kw(cfg), **mem[stage],
                                                **extra)

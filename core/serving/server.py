@@ -166,13 +166,11 @@ async def serve(cfg: ServeConfig, say: Callable[[str], None] | None = None) -> i
     say(f"device: {sel.name} ({sel.rule}): {sel.reason}")
     graph_cfg = GraphConfig(model_dir=cfg.model_dir, device=sel.name, chunk_frames=cfg.chunk_frames, seed=cfg.seed,
                             enforce_eager=cfg.enforce_eager, graph_mode=cfg.graph_mode, runner=cfg.runner)
-    registries: dict[str, Any] = {}
-    if "stat_loggers" in {f.name for f in dataclasses.fields(GraphConfig)}:  # the graph takes vLLM stat loggers
-        from prometheus_client import CollectorRegistry
+    from prometheus_client import CollectorRegistry
 
-        registries = {stage: CollectorRegistry() for stage in ("thinker", "talker", "code2wav")}
-        graph_cfg = dataclasses.replace(graph_cfg, stat_loggers={
-            stage: [stage_stat_logger(stage, reg)] for stage, reg in registries.items()})
+    registries: dict[str, Any] = {stage: CollectorRegistry() for stage in ("thinker", "talker", "code2wav")}
+    graph_cfg = dataclasses.replace(graph_cfg, stat_loggers={  # vLLM's metrics per stage, each in its registry
+        stage: [stage_stat_logger(stage, reg)] for stage, reg in registries.items()})
     sock = bind(cfg.host, cfg.port)  # a busy port fails before any engine starts
     life = _Lifecycle(say)
     t0 = time.perf_counter()

@@ -202,13 +202,6 @@ def test_voices_models_and_metrics(server):
 
 
 def test_metrics_carry_vllm_metrics_of_each_stage(server):
-    import dataclasses
-
-    from core.pipeline.config import GraphConfig
-
-    if "stat_loggers" not in {f.name for f in dataclasses.fields(GraphConfig)}:
-        pytest.skip("the stage graph takes no vLLM stat loggers (GraphConfig.stat_loggers): its engines run "
-                    "with vLLM's stats off, so /metrics has the server's metrics only")
     speech(server, max_tokens=2, response_format="pcm")
     with urllib.request.urlopen(f"{server.url}/metrics") as r:
         text = r.read().decode()
