@@ -306,8 +306,13 @@ class StageGraph:
         for task in (self._watchdog, self._dead_waiter):
             if task is not None:
                 task.cancel()
+        for engine in self.engines.values():  # on this loop, before the engine cores go: else each output
+            handler = getattr(engine, "output_handler", None)  # handler logs EngineDeadError as they close
+            if handler is not None:
+                handler.cancel()
+        await asyncio.sleep(0)  # let the cancelled output tasks finish on this loop
         await asyncio.to_thread(_release_all, self.engines)
-        await asyncio.sleep(0)  # let the engines' cancelled output tasks finish on this loop
+        await asyncio.sleep(0)
 
     async def _watch(self) -> None:
         """Mark the graph dead when a stage's engine died (``AsyncLLM.errored``: vLLM's engine-core monitor
