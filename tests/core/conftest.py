@@ -296,3 +296,13 @@ def run_scenario(demo_dir: str, test_device: str, tmp_path_factory: pytest.TempP
         for variant in sorted(named | ({default_variant(test_device)} if default else set())):
             runner.start(variant)
     return runner
+
+
+@pytest.fixture(scope="module")
+def loop():
+    """One asyncio event loop per test module (the stage-graph tests start one graph per module on it)."""
+    import asyncio
+
+    lp = asyncio.new_event_loop()
+    yield lp
+    lp.close()

@@ -24,13 +24,6 @@ CHUNK = 4  # frames per code2wav request: several chunks per request
 
 
 @pytest.fixture(scope="module")
-def loop():
-    lp = asyncio.new_event_loop()
-    yield lp
-    lp.close()
-
-
-@pytest.fixture(scope="module")
 def graph(loop, demo_dir):
     from tests.core.conftest import _need_vllm
 

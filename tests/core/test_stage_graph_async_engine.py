@@ -20,13 +20,6 @@ PROMPT = "Hello omni models"
 
 
 @pytest.fixture(scope="module")
-def loop():
-    lp = asyncio.new_event_loop()
-    yield lp
-    lp.close()
-
-
-@pytest.fixture(scope="module")
 def thinker(loop, demo_dir):
     from tests.core.conftest import _need_vllm
 

@@ -17,13 +17,6 @@ NO_HANG = 120
 
 
 @pytest.fixture(scope="module")
-def loop():
-    lp = asyncio.new_event_loop()
-    yield lp
-    lp.close()
-
-
-@pytest.fixture(scope="module")
 def graph(loop, demo_dir):
     from tests.core.conftest import _need_vllm
 
