@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
 import io
 import json
 import wave
@@ -17,43 +16,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from core.pipeline.graph.requests import AudioChunk, SpeechRequest, SpeechResult, check_request  # noqa: E402
 from core.serving.app import ServerState, build_app  # noqa: E402
 from core.serving.metrics import ServingMetrics  # noqa: E402
 from core.serving.protocol import MAX_INPUT_CHARS, parse_speech  # noqa: E402
-from omni_backends.errors import BadInputError, StageFailedError  # noqa: E402
-
-
-@dataclasses.dataclass(frozen=True)
-class Req:
-    text: str
-    voice: int = 0
-    seed: int = 0
-    max_tokens: int = 32
-    request_id: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Chunk:
-    index: int
-    samples: torch.Tensor
-    codes: torch.Tensor
-    ready_at: float
-
-
-@dataclasses.dataclass(frozen=True)
-class Result:
-    request_id: str
-    thinker_text: str
-    prompt_tokens: int
-    thinker_tokens: int
-    codes: torch.Tensor
-    samples: int
-    timings: dict
+from omni_backends.errors import StageFailedError  # noqa: E402
 
 
 class FakeGraph:
     """Chunks of ``chunk`` samples; ``gate`` holds synthesis until set; ``fail_at`` raises StageFailedError
-    before that chunk; ``dead_stage`` as the graph's. Records checks, starts and closes."""
+    before that chunk; ``dead_stage`` as the graph's. Checks a request with the stage graph's own check
+    (``check_request``; a text with "too long" in it counts 700 thinker tokens). Records checks, starts and
+    closes; yields the graph's own ``AudioChunk`` / ``SpeechResult``."""
 
     sample_rate = 16000
     num_voices = 3
@@ -64,20 +38,20 @@ class FakeGraph:
         self.fail_at: int | None = None
         self.crash_at: int | None = None
         self.dead_stage: str | None = None
-        self.checked: list[Req] = []
+        self.checked: list[SpeechRequest] = []
         self.started: list[str] = []
         self.closed: list[str] = []
 
-    def check(self, req: Req) -> None:
+    def check(self, req: SpeechRequest) -> None:
         self.checked.append(req)
-        if "too long" in req.text:
-            raise BadInputError("text is 700 tokens; with max_tokens 32 that exceeds the thinker's 512")
+        check_request(req, num_voices=self.num_voices, in_flight=set(self.started) - set(self.closed),
+                      count_tokens=lambda text: 700 if "too long" in text else len(text.split()))
 
-    def samples(self, req: Req, i: int) -> torch.Tensor:
+    def samples(self, req: SpeechRequest, i: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(req.seed * 100 + req.voice * 10 + i)
         return torch.rand(self.chunk, generator=g) * 2.4 - 1.2  # some beyond [-1, 1]: pcm16 clips
 
-    async def synthesize(self, req: Req):
+    async def synthesize(self, req: SpeechRequest):
         self.started.append(req.request_id)
         try:
             for i in range(self.n_chunks):
@@ -88,8 +62,8 @@ class FakeGraph:
                 if self.fail_at == i:
                     raise StageFailedError("the talker stage failed: its engine core died", stage="talker")
                 await asyncio.sleep(0)
-                yield Chunk(i, self.samples(req, i), torch.zeros(2, 4, dtype=torch.int64), 1.0 + i)
-            yield Result(req.request_id, "txt", 4, 8, torch.zeros(2 * self.n_chunks, 4, dtype=torch.int64),
+                yield AudioChunk(i, self.samples(req, i), torch.zeros(2, 4, dtype=torch.int64), 1.0 + i)
+            yield SpeechResult(req.request_id, "txt", 4, 8, torch.zeros(2 * self.n_chunks, 4, dtype=torch.int64),
                          self.n_chunks * self.chunk, {"thinker": 0.1, "talker": 0.2, "code2wav": 0.1,
                                                       "first_chunk": 0.3, "total": 0.5})
         finally:
@@ -102,7 +76,7 @@ class FakeGraph:
 
 def _app(graph: FakeGraph, **kw):
     dead: list[str] = []
-    state = ServerState(model_name="omni-demo", request_cls=Req, on_stage_dead=dead.append,
+    state = ServerState(model_name="omni-demo", request_cls=SpeechRequest, on_stage_dead=dead.append,
                         metrics=ServingMetrics(), **kw)
     return build_app(graph, state), state, dead
 
@@ -113,6 +87,22 @@ def _client(app) -> httpx.AsyncClient:
 
 def _run(coro):
     return asyncio.run(coro)
+
+
+def _sse_events(response) -> list[dict]:
+    return [json.loads(line[len("data: "):]) for line in response.text.split("\n\n") if line]
+
+
+async def _whole_stream_and_sse(c: httpx.AsyncClient, graph: FakeGraph, fault: str) -> tuple:
+    """With the fake's ``fault`` (``fail_at`` / ``crash_at``) at chunk 0: a whole response and a PCM stream;
+    at chunk 1 (after the first chunk went out): an SSE stream; then the fault cleared. The three responses."""
+    setattr(graph, fault, 0)
+    whole = await c.post("/v1/audio/speech", json=GOOD)
+    streamed = await c.post("/v1/audio/speech", json={**GOOD, "stream": True})
+    setattr(graph, fault, 1)
+    sse = await c.post("/v1/audio/speech", json={**GOOD, "stream_format": "sse"})
+    setattr(graph, fault, None)
+    return whole, streamed, sse
 
 
 GOOD = {"model": "omni-demo", "input": "hello there", "voice": "voice-1", "seed": 7}
@@ -189,7 +179,7 @@ def test_parse_speech_defaults_and_forms():
     assert (o.stream, o.stream_format, o.response_format) == (True, "audio", "pcm")
 
 
-def _pcm(graph: FakeGraph, req: Req) -> bytes:
+def _pcm(graph: FakeGraph, req: SpeechRequest) -> bytes:
     from core.pipeline.audio import pcm16
 
     return b"".join(pcm16(graph.samples(req, i)) for i in range(graph.n_chunks))
@@ -198,7 +188,7 @@ def _pcm(graph: FakeGraph, req: Req) -> bytes:
 def test_wav_pcm_stream_and_sse_carry_the_same_samples():
     graph = FakeGraph()
     app, state, _ = _app(graph)
-    want = _pcm(graph, Req("hello there", voice=1, seed=7))
+    want = _pcm(graph, SpeechRequest("hello there", voice=1, seed=7))
 
     async def go():
         async with _client(app) as c:
@@ -215,7 +205,7 @@ def test_wav_pcm_stream_and_sse_carry_the_same_samples():
         assert w.readframes(w.getnframes()) == want
     assert pcm.content == want and pcm.headers["content-type"] == "audio/pcm"
     assert streamed.content == want and streamed.headers["content-type"] == "audio/pcm"
-    events = [json.loads(line[len("data: "):]) for line in sse.text.split("\n\n") if line]
+    events = _sse_events(sse)
     assert [e["type"] for e in events] == ["speech.audio.delta"] * 3 + ["speech.audio.done"]
     assert b"".join(base64.b64decode(e["audio"]) for e in events[:-1]) == want
     assert events[-1]["samples"] == 15 and events[-1]["usage"]["input_tokens"] == 4
@@ -252,11 +242,7 @@ def test_a_failed_stage_is_503_and_a_dead_one_fails_health_and_tells_the_server(
 
     async def go():
         async with _client(app) as c:
-            graph.fail_at = 0
-            failed = await c.post("/v1/audio/speech", json=GOOD)
-            failed_stream = await c.post("/v1/audio/speech", json={**GOOD, "stream": True})
-            graph.fail_at = 1
-            sse = await c.post("/v1/audio/speech", json={**GOOD, "stream_format": "sse"})
+            failed, failed_stream, sse = await _whole_stream_and_sse(c, graph, "fail_at")
             healthy = await c.get("/health")
             graph.dead_stage = "talker"
             refused = await c.post("/v1/audio/speech", json=GOOD)
@@ -265,7 +251,7 @@ def test_a_failed_stage_is_503_and_a_dead_one_fails_health_and_tells_the_server(
     failed, failed_stream, sse, healthy, refused, unhealthy = _run(go())
     for r in (failed, failed_stream):
         assert r.status_code == 503 and "talker" in r.json()["error"]["message"]
-    events = [json.loads(line[len("data: "):]) for line in sse.text.split("\n\n") if line]
+    events = _sse_events(sse)
     assert [e["type"] for e in events] == ["speech.audio.delta", "error"]  # failed after its first chunk
     assert healthy.status_code == 200 and healthy.json()["status"] == "ok"
     assert refused.status_code == 503 and "talker" in refused.json()["error"]["message"]
@@ -314,19 +300,14 @@ def test_a_graph_bug_is_one_500_with_an_openai_body_and_the_server_keeps_serving
 
     async def go():
         async with _client(app) as c:
-            graph.crash_at = 0
-            whole = await c.post("/v1/audio/speech", json=GOOD)
-            streamed = await c.post("/v1/audio/speech", json={**GOOD, "stream": True})
-            graph.crash_at = 1
-            sse = await c.post("/v1/audio/speech", json={**GOOD, "stream_format": "sse"})
-            graph.crash_at = None
+            whole, streamed, sse = await _whole_stream_and_sse(c, graph, "crash_at")
             return whole, streamed, sse, await c.post("/v1/audio/speech", json=GOOD)
 
     whole, streamed, sse, ok = _run(go())
     for r in (whole, streamed):
         assert r.status_code == 500 and r.json()["error"]["type"] == "InternalServerError"
         assert "RuntimeError" in r.json()["error"]["message"]
-    events = [json.loads(line[len("data: "):]) for line in sse.text.split("\n\n") if line]
+    events = _sse_events(sse)
     assert [e["type"] for e in events] == ["speech.audio.delta", "error"]
     assert ok.status_code == 200 and state.in_flight == 0 and dead == []
     m = state.metrics.exposition().decode()
