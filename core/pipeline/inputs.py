@@ -44,6 +44,19 @@ def _check_weights(stage_dir: str, stage: str, model_dir: str) -> None:
         raise BadInputError(f"{stage} model: weight file {path} is unreadable ({exc}). {_recreate(model_dir)}") from exc
 
 
+def _read_models(model_dir: str) -> dict[str, dict[str, Any]]:
+    """Stage -> ``config.json`` of the demo models in ``model_dir``, each stage's weights found readable;
+    :class:`BadInputError` saying how to recreate them."""
+    if not os.path.isdir(model_dir):
+        raise BadInputError(f"model directory {model_dir} does not exist; create it with: omni-backends demo-model create {model_dir}")
+    configs = {}
+    for stage in STAGES:
+        d = os.path.join(model_dir, stage)
+        configs[stage] = _load_config(d, stage, model_dir)
+        _check_weights(d, stage, model_dir)
+    return configs
+
+
 def _check_out_dir(out: str) -> str:
     out = os.path.abspath(out)
     parent = os.path.dirname(out)
@@ -69,13 +82,7 @@ def validate_models(model_dir: str, backend: Any) -> dict[str, dict[str, Any]]:
 
     Missing / corrupt ``config.json`` or weights, then a head size the device cannot run
     (``Backend.check_model_config``): :class:`BadInputError` saying how to recreate them."""
-    if not os.path.isdir(model_dir):
-        raise BadInputError(f"model directory {model_dir} does not exist; create it with: omni-backends demo-model create {model_dir}")
-    configs = {}
-    for stage in STAGES:
-        d = os.path.join(model_dir, stage)
-        configs[stage] = _load_config(d, stage, model_dir)
-        _check_weights(d, stage, model_dir)
+    configs = _read_models(model_dir)
     for stage in STAGES:
         backend.check_model_config(configs[stage])
     return configs
@@ -103,13 +110,7 @@ def validate(cfg: RunConfig, backend: Any) -> dict[str, dict[str, Any]]:
     """
     cfg.check()
     model_dir = cfg.model_dir
-    if not os.path.isdir(model_dir):
-        raise BadInputError(f"model directory {model_dir} does not exist; create it with: omni-backends demo-model create {model_dir}")
-    configs = {}
-    for stage in STAGES:
-        d = os.path.join(model_dir, stage)
-        configs[stage] = _load_config(d, stage, model_dir)
-        _check_weights(d, stage, model_dir)
+    configs = _read_models(model_dir)
     n_voices = int(configs["talker"].get("num_voices", 1))
     if not 0 <= cfg.voice < n_voices:
         raise BadInputError(f"voice id {cfg.voice} is out of range: the talker has voices 0..{n_voices - 1}")
