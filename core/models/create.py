@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from typing import Any
 
 import torch
+
+from core.models.writing import ShardWriter, fresh_directory
 
 DEFAULT_SEED = 1234
 HIDDEN = 128
@@ -124,12 +124,13 @@ def _write_tokenizer(out: str) -> None:
 
 
 def _write_model(out: str, cfg: dict[str, Any], weights: dict[str, torch.Tensor]) -> None:
-    from safetensors.torch import save_file
-
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2, sort_keys=True)
-    save_file({k: v.contiguous() for k, v in sorted(weights.items())}, os.path.join(out, "model.safetensors"))
+    writer = ShardWriter(out, "model", None)  # one model.safetensors
+    for name, tensor in weights.items():
+        writer.add(name, tensor)
+    writer.close()
 
 
 def create_demo_models(directory: str, seed: int = DEFAULT_SEED) -> dict[str, str]:
@@ -140,10 +141,7 @@ def create_demo_models(directory: str, seed: int = DEFAULT_SEED) -> dict[str, st
     ``OSError`` if ``directory`` is not writable.
     """
     directory = os.path.abspath(directory)
-    parent = os.path.dirname(directory) or "."
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".omni-demo-", dir=parent)
-    try:
+    with fresh_directory(directory, ".omni-demo-") as tmp:
         g = torch.Generator().manual_seed(int(seed))
         th = thinker_config()
         _write_model(os.path.join(tmp, "thinker"), th, _llama_weights(th, g))
@@ -168,13 +166,6 @@ def create_demo_models(directory: str, seed: int = DEFAULT_SEED) -> dict[str, st
         _write_model(os.path.join(tmp, "code2wav"), cw, w)
         with open(os.path.join(tmp, "omni-demo.json"), "w") as f:
             json.dump({"format": FORMAT_VERSION, "seed": int(seed)}, f)
-
-        if os.path.exists(directory):
-            shutil.rmtree(directory)
-        os.replace(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return {s: os.path.join(directory, s) for s in ("thinker", "talker", "code2wav")}
 
 

@@ -51,11 +51,10 @@ import dataclasses
 import json
 import math
 import os
-import shutil
-import tempfile
 from typing import Any, Callable, Iterator
 
 from core.models.qwen3_tts import MODEL_TYPE, PACKAGE, TALKER_ARCH
+from core.models.writing import ShardWriter, fresh_directory
 
 DEFAULT_SEED = 1234
 FORMAT_VERSION = 1
@@ -357,54 +356,6 @@ def _speaker_encoder_weights(cfg: dict[str, Any], draw: _Drawer) -> Iterator[tup
     yield from _module_weights(enc, "speaker_encoder.", draw)
 
 
-class ShardWriter:
-    """Write (name, tensor) pairs to safetensors files of at most ``shard_bytes`` each, as they come.
-
-    ``shard_bytes=None``: one file, ``<stem>.safetensors`` (all tensors held until :meth:`close`). Otherwise
-    ``<stem>-0000N.safetensors`` plus ``<stem>.safetensors.index.json`` (``weight_map``), each shard written
-    and freed when full, so peak host memory is about one shard. Tensors are written contiguous, sorted by
-    name within a file (``safetensors.torch.save_file``)."""
-
-    def __init__(self, directory: str, stem: str = "model", shard_bytes: int | None = None) -> None:
-        self.directory, self.stem, self.shard_bytes = directory, stem, shard_bytes
-        self.pending: dict[str, Any] = {}
-        self.pending_bytes = 0
-        self.weight_map: dict[str, str] = {}
-        self.files: list[str] = []
-        self.total_bytes = 0
-
-    def add(self, name: str, tensor: Any) -> None:
-        if name in self.pending or name in self.weight_map:
-            raise ValueError(f"tensor {name!r} written twice")
-        t = tensor.contiguous()
-        self.pending[name] = t
-        n = t.numel() * t.element_size()
-        self.pending_bytes += n
-        self.total_bytes += n
-        if self.shard_bytes is not None and self.pending_bytes >= self.shard_bytes:
-            self._flush()
-
-    def _flush(self) -> None:
-        from safetensors.torch import save_file
-
-        if not self.pending:
-            return
-        fname = (f"{self.stem}.safetensors" if self.shard_bytes is None
-                 else f"{self.stem}-{len(self.files) + 1:05d}.safetensors")
-        save_file(dict(sorted(self.pending.items())), os.path.join(self.directory, fname))
-        self.weight_map.update({k: fname for k in self.pending})
-        self.files.append(fname)
-        self.pending, self.pending_bytes = {}, 0
-
-    def close(self) -> list[str]:
-        """Write what is left (and the index when sharded); returns the file names written."""
-        self._flush()
-        if self.shard_bytes is not None:
-            with open(os.path.join(self.directory, f"{self.stem}.safetensors.index.json"), "w") as f:
-                json.dump({"metadata": {"total_size": self.total_bytes}, "weight_map": self.weight_map}, f, indent=1)
-        return self.files
-
-
 # ------------------------------------------------------------------ writer
 def _write_text_tokenizer(out: str) -> dict[str, int]:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -444,11 +395,8 @@ def write_qwen3_tts(directory: str, size: str = "tiny", seed: int = DEFAULT_SEED
     s = size_spec(size)
     say = progress or (lambda line: None)
     directory = os.path.abspath(directory)
-    parent = os.path.dirname(directory) or "."
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".qwen3-tts-", dir=parent)
     t0 = time.perf_counter()
-    try:
+    with fresh_directory(directory, ".qwen3-tts-") as tmp:
         import torch
 
         from core.models.vllm_omni import load_module
@@ -483,12 +431,6 @@ def write_qwen3_tts(directory: str, size: str = "tiny", seed: int = DEFAULT_SEED
         with open(os.path.join(tmp, "omni-tiny.json"), "w") as f:
             json.dump({"format": FORMAT_VERSION, "seed": int(seed), "vllm_omni": "0.30.0", "size": size,
                        "device": str(draw.device)}, f)
-        if os.path.exists(directory):
-            shutil.rmtree(directory)
-        os.replace(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return directory
 
 
