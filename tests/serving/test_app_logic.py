@@ -93,19 +93,28 @@ def _sse_events(response) -> list[dict]:
     return [json.loads(line[len("data: "):]) for line in response.text.split("\n\n") if line]
 
 
-async def _whole_stream_and_sse(c: httpx.AsyncClient, graph: FakeGraph, fault: str) -> tuple:
-    """With the fake's ``fault`` (``fail_at`` / ``crash_at``) at chunk 0: a whole response and a PCM stream;
-    at chunk 1 (after the first chunk went out): an SSE stream; then the fault cleared. The three responses."""
-    setattr(graph, fault, 0)
-    whole = await c.post("/v1/audio/speech", json=GOOD)
-    streamed = await c.post("/v1/audio/speech", json={**GOOD, "stream": True})
-    setattr(graph, fault, 1)
-    sse = await c.post("/v1/audio/speech", json={**GOOD, "stream_format": "sse"})
-    setattr(graph, fault, None)
-    return whole, streamed, sse
-
-
 GOOD = {"model": "omni-demo", "input": "hello there", "voice": "voice-1", "seed": 7}
+
+
+def _with_faults(fault: str, then) -> tuple:
+    """A fresh app over a fresh fake: with the fake's ``fault`` (``fail_at`` / ``crash_at``) at chunk 0, a whole
+    response and a PCM stream; at chunk 1 (after the first chunk went out), an SSE stream; then the fault
+    cleared and ``await then(client, graph)``. Returns the graph, the state, the dead-stage calls, the three
+    responses and what ``then`` returned."""
+    graph = FakeGraph()
+    app, state, dead = _app(graph)
+
+    async def go():
+        async with _client(app) as c:
+            setattr(graph, fault, 0)
+            whole = await c.post("/v1/audio/speech", json=GOOD)
+            streamed = await c.post("/v1/audio/speech", json={**GOOD, "stream": True})
+            setattr(graph, fault, 1)
+            sse = await c.post("/v1/audio/speech", json={**GOOD, "stream_format": "sse"})
+            setattr(graph, fault, None)
+            return whole, streamed, sse, await then(c, graph)
+
+    return (graph, state, dead, *_run(go()))
 
 
 @pytest.mark.parametrize("change, param, words", [
@@ -237,18 +246,13 @@ def test_past_max_concurrency_is_429_before_any_engine_work():
 
 
 def test_a_failed_stage_is_503_and_a_dead_one_fails_health_and_tells_the_server():
-    graph = FakeGraph()
-    app, state, dead = _app(graph)
+    async def then(c, graph):
+        healthy = await c.get("/health")
+        graph.dead_stage = "talker"
+        refused = await c.post("/v1/audio/speech", json=GOOD)
+        return healthy, refused, await c.get("/health")
 
-    async def go():
-        async with _client(app) as c:
-            failed, failed_stream, sse = await _whole_stream_and_sse(c, graph, "fail_at")
-            healthy = await c.get("/health")
-            graph.dead_stage = "talker"
-            refused = await c.post("/v1/audio/speech", json=GOOD)
-            return failed, failed_stream, sse, healthy, refused, await c.get("/health")
-
-    failed, failed_stream, sse, healthy, refused, unhealthy = _run(go())
+    graph, state, dead, failed, failed_stream, sse, (healthy, refused, unhealthy) = _with_faults("fail_at", then)
     for r in (failed, failed_stream):
         assert r.status_code == 503 and "talker" in r.json()["error"]["message"]
     events = _sse_events(sse)
@@ -295,15 +299,10 @@ def test_stage_metrics_are_merged_with_a_stage_label():
 
 
 def test_a_graph_bug_is_one_500_with_an_openai_body_and_the_server_keeps_serving():
-    graph = FakeGraph()
-    app, state, dead = _app(graph)
+    async def then(c, graph):
+        return await c.post("/v1/audio/speech", json=GOOD)
 
-    async def go():
-        async with _client(app) as c:
-            whole, streamed, sse = await _whole_stream_and_sse(c, graph, "crash_at")
-            return whole, streamed, sse, await c.post("/v1/audio/speech", json=GOOD)
-
-    whole, streamed, sse, ok = _run(go())
+    graph, state, dead, whole, streamed, sse, ok = _with_faults("crash_at", then)
     for r in (whole, streamed):
         assert r.status_code == 500 and r.json()["error"]["type"] == "InternalServerError"
         assert "RuntimeError" in r.json()["error"]["message"]

@@ -28,14 +28,8 @@ The modules (``flow`` imports the other two, which import neither each other nor
 from core.pipeline.config import GraphConfig
 from core.pipeline.graph.engines import _release_all, _stage_memory, engine_config, prepare_environment, start_engines
 from core.pipeline.graph.flow import THINKER_TEMPERATURE, THINKER_TOP_P, WATCH_INTERVAL, StageGraph
-from core.pipeline.graph.requests import (
-    AudioChunk,
-    SpeechRequest,
-    SpeechResult,
-    check_request,
-    chunk_bounds,
-    talker_frames,
-)
+from core.pipeline.graph.requests import (AudioChunk, SpeechRequest, SpeechResult, check_request, chunk_bounds,
+                                          talker_frames)
 
 __all__ = [
     "THINKER_TEMPERATURE", "THINKER_TOP_P", "WATCH_INTERVAL", "AudioChunk", "GraphConfig", "SpeechRequest",
