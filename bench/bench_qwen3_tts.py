@@ -79,22 +79,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-if __name__ == "__mp_main__":
-    # A process vLLM spawned from this script (an AsyncLLM engine core: vLLM forces spawn on the cpu platform and
-    # wherever the parent initialised CUDA). multiprocessing imports this module as __mp_main__ *before* it
-    # unpickles the process object, whose VllmConfig holds vLLM-Omni's Qwen3TTSConfig; unpickling would import
-    # the real ``vllm_omni`` package (its __init__ runs patch.py, which replaces vLLM classes and needs vLLM-Omni's
-    # own dependencies). Loading the config class through core.models.vllm_omni first installs the bare package,
-    # as the parent has it (core.models.vllm_omni.load_module). transformers and vLLM's model registry are
-    # imported first, outside the loader's torchaudio stand-in (a module without __spec__, which transformers'
-    # availability check rejects when it is first imported inside that window).
-    import transformers  # noqa: F401
-    import vllm.model_executor.models  # noqa: F401
-
-    from core.models import qwen3_tts as _qwen3_tts
-
-    _qwen3_tts.config_class()
-
 SIZES = ("tiny", "0.6b", "1.7b")
 DTYPES = ("float32", "bfloat16", "float16")
 RUNNERS = ("auto", "v1", "v2")

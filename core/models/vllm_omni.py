@@ -22,12 +22,24 @@ the process. So:
   installs :class:`HostOmniPlatform`, answered from the selected
   :class:`~omni_backends.backend.Backend` instead of vLLM-Omni's own
   pynvml / torch-npu detection;
+- pickling: vLLM hands its ``VllmConfig`` to every process it starts by
+  pickle (the engine core, the workers; ``spawn`` on the cpu platform and
+  wherever CUDA is initialised), and the model's ``hf_config`` is vLLM-Omni's
+  config class. Pickled by reference, the child would import it as
+  ``vllm_omni....`` while unpickling -- before any vLLM plugin runs there --
+  and so run the real ``vllm_omni/__init__`` and its patches. The loader
+  registers a ``copyreg`` reducer for each vLLM-Omni config class it loads
+  (:func:`_reduce_config`): the pickle names :func:`_rebuild_config` of this
+  module instead, which loads the class bare in whichever process unpickles
+  it (and registers the reducers there too, for the processes that one
+  starts);
 - ``torchaudio``: the talker's ``vllm_omni.utils.audio`` imports
   ``torchaudio.functional.melscale_fbanks`` at module level (a mel filter bank
   for reference-audio speaker embeddings, used only by the ``Base`` voice-clone
   task). The CPU stack has no torchaudio (no build exists for torch 2.13), so
   when it is missing the loader puts a one-function stub in ``sys.modules``
-  for the duration of the import only; calling it raises
+  for the duration of the import only (transformers imported before, so its
+  own probe for torchaudio never sees the stub); calling it raises
   :class:`NotImplementedError` naming the fix. ``CustomVoice`` and
   ``VoiceDesign`` requests never call it.
 
@@ -38,6 +50,7 @@ Nothing of vLLM-Omni is vendored: it is installed from PyPI
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import importlib
 import importlib.metadata
 import importlib.util
@@ -169,6 +182,10 @@ def _torchaudio_for_import() -> Iterator[None]:
     if importlib.util.find_spec("torchaudio") is not None:
         yield
         return
+    if importlib.util.find_spec("transformers") is not None:
+        # transformers probes its optional packages when first imported (importlib.util.find_spec, which
+        # raises for a module without __spec__, as the stand-in is): let it probe before the stand-in goes in
+        importlib.import_module("transformers.utils.import_utils")
     stub = types.ModuleType("torchaudio")
     functional = types.ModuleType("torchaudio.functional")
     functional.melscale_fbanks = _melscale_fbanks_unavailable  # type: ignore[attr-defined]
@@ -216,6 +233,46 @@ def _bare_package() -> types.ModuleType:
     return mod
 
 
+# ------------------------------------------------------------------ pickling
+_pickled_by_loader: set[type] = set()
+
+
+def _rebuild_config(name: str, qualname: str) -> Any:
+    """A new, empty instance of vLLM-Omni's class ``qualname`` in ``vllm_omni.<name>``, that module loaded
+    bare (:func:`load_module`, no platform): what a pickle of a vLLM-Omni config calls first; pickle then
+    restores the instance's state (``copy.deepcopy`` comes here too, the module then already loaded).
+    Raises :class:`VllmOmniNotInstalled` if the wheel is missing."""
+    cls: Any = sys.modules.get(f"{PACKAGE}.{name}") or load_module(name, platform=False)
+    for part in qualname.split("."):
+        cls = getattr(cls, part)
+    return cls.__new__(cls)
+
+
+def _reduce_config(obj: Any) -> tuple:
+    """The ``copyreg`` reducer of a vLLM-Omni config: rebuilt by :func:`_rebuild_config`, then the state
+    ``object.__reduce_ex__`` would give (``obj.__getstate__()``)."""
+    cls = type(obj)
+    return _rebuild_config, (cls.__module__.removeprefix(PACKAGE + "."), cls.__qualname__), obj.__getstate__()
+
+
+def _register_pickling() -> None:
+    """``copyreg.pickle(cls, _reduce_config)`` for every ``transformers.PretrainedConfig`` subclass defined in
+    a loaded ``vllm_omni.*`` module (idempotent; the caller holds ``_lock``). ``pickle`` reads
+    ``copyreg.dispatch_table``, multiprocessing's ``ForkingPickler`` copies it for each pickler, cloudpickle
+    (vLLM's fallback serialiser) chains it, ``copy.deepcopy`` reads it."""
+    config_base = getattr(sys.modules.get("transformers"), "PretrainedConfig", None)
+    if config_base is None:
+        return
+    for modname, mod in list(sys.modules.items()):
+        if mod is None or not modname.startswith(PACKAGE + "."):
+            continue
+        for value in list(vars(mod).values()):
+            if (isinstance(value, type) and value.__module__ == modname and issubclass(value, config_base)
+                    and value not in _pickled_by_loader):
+                copyreg.pickle(value, _reduce_config)
+                _pickled_by_loader.add(value)
+
+
 def load_module(name: str, backend: Any = None, *, platform: bool = True) -> types.ModuleType:
     """Import ``vllm_omni.<name>`` without running ``vllm_omni/__init__``.
 
@@ -224,21 +281,23 @@ def load_module(name: str, backend: Any = None, *, platform: bool = True) -> typ
     ``platform=False`` (a module that never asks vLLM-Omni's platform, e.g. a
     config class): no driver is selected for it, so loading it from a vLLM
     plugin does not select (and export) a driver before the worker checks the
-    parent's selection. Raises :class:`VllmOmniNotInstalled` if the wheel is missing."""
+    parent's selection. The vLLM-Omni config classes then loaded pickle through
+    :func:`_rebuild_config` (see the module doc). Raises :class:`VllmOmniNotInstalled` if the wheel is
+    missing."""
     with _lock:
         _bare_package()
-        if not platform:
-            with _torchaudio_for_import():
-                return importlib.import_module(f"{PACKAGE}.{name}")
-        platforms = importlib.import_module(f"{PACKAGE}.platforms")
-        if platforms._current_omni_platform is None:
-            if backend is None:
-                from omni_backends.registry import get_backend
+        if platform:
+            platforms = importlib.import_module(f"{PACKAGE}.platforms")
+            if platforms._current_omni_platform is None:
+                if backend is None:
+                    from omni_backends.registry import get_backend
 
-                backend = get_backend()
-            platforms._current_omni_platform = host_omni_platform(backend)
+                    backend = get_backend()
+                platforms._current_omni_platform = host_omni_platform(backend)
         with _torchaudio_for_import():
-            return importlib.import_module(f"{PACKAGE}.{name}")
+            module = importlib.import_module(f"{PACKAGE}.{name}")
+        _register_pickling()
+        return module
 
 
 __all__ = [
