@@ -23,7 +23,8 @@ only those below it):
 
 - :mod:`~core.pipeline.run`      ``run_pipeline``: device, checks, the graph, outputs;
 - :mod:`~core.pipeline.graph`    the stage graph (``StageGraph``, ``SpeechRequest``, ``AudioChunk``,
-  ``SpeechResult``), the shared interface of ``run`` and the server;
+  ``SpeechResult``), the shared interface of ``run`` and the server; a package: ``requests``, ``engines``,
+  ``flow``;
 - :mod:`~core.pipeline.audio`    the audio bytes (``pcm16``, ``wav_bytes``) of ``out.wav`` and the server;
 - :mod:`~core.pipeline.inputs`   the inputs on disk (``validate``, ``validate_models``);
 - :mod:`~core.pipeline.config`   ``RunConfig``, ``GraphConfig``, the shared engine settings, the device defaults;
