@@ -267,7 +267,7 @@ part_bench() {  # v1 | v2
   header "bench-$1" > "$d/log.txt"
   local v2=0; [ "$1" = v2 ] && v2=1
   VLLM_USE_V2_MODEL_RUNNER=$v2 timeout "$(( $(left) - 60 ))" python3 bench/bench_core_runner.py --device cuda \
-      --dtype bfloat16 --batches 1,8,64 --rounds 5 --max-tokens 64 --reps 21 --iters 1000 --profile --out "$d" \
+      --dtype bfloat16 --batches 1,8,64 --rounds 5 --max-tokens 64 --reps 21 --iters 1000 --profile --sync-debug --out "$d" \
       >> "$d/log.txt" 2>&1
   echo "rc=$?" >> "$d/log.txt"
   if [ "$1" = v2 ]; then
