@@ -182,7 +182,7 @@ class ModelOutputAdapter:
         number of tokens, read from the persistent copy made with
         ``keep_hidden=True``) and the multimodal outputs (token-aligned ones as
         views ``[:num_tokens]`` of the persistent buffers, valid until the next
-        forward)."""
+        forward; with ``persistent=False`` the forward's own tensors, as a :class:`CallOutput`)."""
         if isinstance(hidden, int):
             if self._hidden is None:
                 raise RuntimeError("no forward of the model was seen (neither eager nor a captured graph)")
@@ -194,9 +194,20 @@ class ModelOutputAdapter:
                 "graphs (set compilation_config cudagraph_mode=PIECEWISE or enforce_eager=True)"
             )
         n = int(hidden.shape[0])
-        mm = {k: self._buffers[k][:n] for k in self._tensor_keys}
-        mm.update(self._objects)
-        return OmniOutput(text_hidden_states=hidden, multimodal_outputs=mm)
+        buffers = self._buffers
+        mm = {k: b if (b := buffers[k]).shape[0] == n else b[:n] for k in self._tensor_keys}
+        if self._objects:
+            mm.update(self._objects)
+        return (OmniOutput if self.persistent else CallOutput)(text_hidden_states=hidden, multimodal_outputs=mm)
+
+
+class CallOutput(OmniOutput):
+    """What :meth:`ModelOutputAdapter.take` returns with ``persistent=False``: the forward's own tensors (no
+    buffer the next forward overwrites). ``persistent``: False (an :class:`~core.outputs.OmniOutput` read
+    elsewhere: unknown, treated as True)."""
+
+    __slots__ = ()
+    persistent = False
 
 
 
