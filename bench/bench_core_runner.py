@@ -2,7 +2,7 @@
 
     python bench/bench_core_runner.py [--rounds 20] [--max-tokens 64] [--batches 1,8]
                                       [--output-kind FINAL_ONLY|CUMULATIVE|DELTA]
-                                      [--reps 41] [--iters 2000] [--out DIR] [--profile]
+                                      [--reps 41] [--iters 2000] [--out DIR] [--profile] [--sync-debug]
 
 Runs with ``OMP_NUM_THREADS=1`` unless set (see below), in-process engines.
 
@@ -34,7 +34,10 @@ Runs with ``OMP_NUM_THREADS=1`` unless set (see below), in-process engines.
 
 ``--profile`` adds a cProfile of the ``omni`` and ``omni-plain`` decode steps (the largest
 batch) listing where the runner's own time goes (this project's ``core/`` and
-``omni_backends/`` functions). Prints Markdown; ``--out DIR`` also writes
+``omni_backends/`` functions). ``--sync-debug`` (CUDA) adds, per engine, the host-device synchronisations of
+one run of its decode steps at the largest batch, counted by where they come from (PyTorch's sync debug mode;
+a synchronisation the omni runner adds serialises the host with the device and undoes async scheduling's
+overlap). Prints Markdown; ``--out DIR`` also writes
 ``bench_core_runner.json`` / ``.md`` there.
 
 Bad options (``--batches`` / ``--rounds`` / ``--max-tokens`` / ``--reps`` / ``--iters`` out of
@@ -273,6 +276,43 @@ def profile_omni(llm, batch: int, max_tokens: int, output_kind: str, top: int = 
     return s.getvalue()
 
 
+def sync_report(llm, batch: int, max_tokens: int, output_kind: str, name: str) -> dict:
+    """The host-device synchronisations of one run of ``batch`` requests' decode steps on ``llm`` (CUDA only):
+    PyTorch's sync debug mode (``torch.cuda.set_sync_debug_mode("warn")``) warns at every synchronising call;
+    each is counted by where it came from -- the innermost frame of this project (``core/``, ``omni_backends/``),
+    else the innermost vLLM frame. Returns ``{"syncs": n, "steps": decode steps, "where": {location: count}}``."""
+    import collections
+    import re
+    import traceback
+    import warnings
+
+    import torch
+
+    where: collections.Counter = collections.Counter()
+    shown = warnings.showwarning
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return shown(message, category, filename, lineno, file, line)
+        frames = traceback.extract_stack()[:-1]
+        ours = [f for f in frames if re.search(re.escape(ROOT) + r"/(core|omni_backends)/", f.filename)]
+        theirs = [f for f in frames if "/vllm/" in f.filename]
+        f = (ours or theirs or frames)[-1]
+        where[f"{os.path.relpath(f.filename, ROOT) if f.filename.startswith(ROOT) else f.filename.split('/site-packages/')[-1]}:{f.lineno}({f.name})"] += 1
+
+    warnings.showwarning = record
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            res = measure_decode({name: llm}, batch, max_tokens, f"sync-{name}", output_kind)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        warnings.showwarning = shown
+    return {"syncs": sum(where.values()), "steps": len(res["wall"][name]), "where": dict(where.most_common(12))}
+
+
 def _positive(what: str, low: int = 1, high: int | None = None):
     def parse(text: str) -> int:
         try:
@@ -329,6 +369,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--create-order", default="omni,omni-plain,stock",
                     help="engines to build, in creation order (the creation order can bias a few %%; see RESULTS.md)")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--sync-debug", action="store_true",
+                    help="CUDA: count the host-device synchronisations of each engine's decode steps, by where they "
+                         "come from (PyTorch's sync debug mode), largest batch")
     ap.add_argument("--device", default="cpu", help="driver the omni engines run on (default: %(default)s)")
     ap.add_argument("--dtype", default="float32", help="model dtype (GPU: bfloat16)")
     ap.add_argument("--enforce-eager", action="store_true", help="GPU: no compilation / graphs (default: vLLM's)")
@@ -337,6 +380,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="run twice in child processes, engines created in --create-order and reversed; combine")
     args = ap.parse_args(argv)
     args.device = _check_device(ap, args.device)
+    if args.sync_debug and args.device != "cuda":
+        ap.error(f"--sync-debug counts CUDA host-device synchronisations: it needs --device cuda, not {args.device!r}")
     return args
 
 
@@ -401,7 +446,10 @@ def run(args: argparse.Namespace) -> dict:
     info["loadavg_end"] = os.getloadavg()
     prof = "\n".join(f"#### {n}\n\n" + profile_omni(engines[n], max(batches), args.max_tokens, args.output_kind, name=n)
                      for n in ("omni", "omni-plain") if n in engines) if args.profile else None
-    return {"info": info, "decode": {str(k): v for k, v in decode.items()}, "paths": paths, "profile": prof}
+    syncs = {n: sync_report(llm, max(batches), args.max_tokens, args.output_kind, n)
+             for n, llm in engines.items()} if args.sync_debug else None
+    return {"info": info, "decode": {str(k): v for k, v in decode.items()}, "paths": paths, "profile": prof,
+            "syncs": syncs}
 
 
 def _decode_table(decode: dict, combined: bool = False) -> list[str]:
@@ -443,7 +491,18 @@ def report(res: dict) -> str:
         f"engine: {info.get('engine')}; start s: {info.get('engine_start_s')}",
         "",
     ]
-    return "\n".join(head + _decode_table(res["decode"]) + [""] + _paths_table(res["paths"]))
+    return "\n".join(head + _decode_table(res["decode"]) + [""] + _paths_table(res["paths"]) + _syncs_table(res))
+
+
+def _syncs_table(res: dict) -> list[str]:
+    """The ``--sync-debug`` counts: per engine, synchronisations per decode step and where they come from."""
+    if not res.get("syncs"):
+        return []
+    rows = ["", "| engine | syncs | decode steps | syncs/step | where (count) |", "|---|---|---|---|---|"]
+    for name, r in res["syncs"].items():
+        where = "; ".join(f"`{k}` {v}" for k, v in r["where"].items()) or "-"
+        rows.append(f"| {name} | {r['syncs']} | {r['steps']} | {r['syncs'] / max(1, r['steps']):.2f} | {where} |")
+    return rows
 
 
 def combine(results: list[dict]) -> dict:

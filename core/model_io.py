@@ -87,6 +87,13 @@ class ModelOutputAdapter:
     forward, reads :meth:`take`. Raises ``RuntimeError`` from :meth:`take` when
     a step replayed a graph (no Python ran) but the model's outputs include
     values only Python can produce.
+
+    One call signature per engine: the first call fixes which of ``input_ids``
+    and ``inputs_embeds`` are tensors (vLLM's first call is its profile run);
+    a later call that differs raises :class:`ModelCallSignatureError` (vLLM
+    compiles the model on its first call and drops Dynamo's guards, so a call
+    with other inputs would run the first call's graph: wrong outputs, or a
+    device fault when the graph comes from vLLM's AOT compile cache).
     """
 
     def __init__(self, model: Any, max_num_tokens: int, hidden_size: int | None = None, dtype: Any = None,
@@ -103,6 +110,7 @@ class ModelOutputAdapter:
         self._object_keys: tuple[str, ...] = ()
         self._called = False
         self.calls = 0
+        self._signature: tuple[bool, bool] | None = None
         self._model = model
         self._embeds_handle: Any = None
         self._handle = model.register_forward_hook(self._on_forward, with_kwargs=True)
@@ -144,6 +152,11 @@ class ModelOutputAdapter:
     # ---------------------------------------------------------------- the hook
     def _on_forward(self, module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> torch.Tensor:
         self.calls += 1
+        signature = call_signature(args, kwargs)
+        if signature != self._signature:
+            if self._signature is not None:
+                raise ModelCallSignatureError(type(module).__name__, self._signature, signature)
+            self._signature = signature
         hidden, mm = split_output(output)
         if hidden is None:
             hidden = self._zeros(*_num_tokens(args, kwargs))
@@ -211,6 +224,34 @@ class CallOutput(OmniOutput):
 
 
 
+#: the model-call arguments whose presence (a tensor or ``None``) vLLM's compiled graph fixes on its first call
+SIGNATURE_ARGS = ("input_ids", "inputs_embeds")
+_POSITIONAL = ("input_ids", "positions", "intermediate_tensors", "inputs_embeds")
+
+
+def call_signature(args: Any, kwargs: dict[str, Any]) -> tuple[bool, bool]:
+    """``(input_ids is a tensor, inputs_embeds is a tensor)`` of one model call (keywords, or vLLM's positional
+    order ``input_ids, positions, intermediate_tensors, inputs_embeds``)."""
+    if args:
+        kwargs = {**dict(zip(_POSITIONAL, args)), **kwargs}
+    return (isinstance(kwargs.get("input_ids"), torch.Tensor), isinstance(kwargs.get("inputs_embeds"), torch.Tensor))
+
+
+class ModelCallSignatureError(RuntimeError):
+    """A model was called with other inputs than on its first call (:class:`ModelOutputAdapter`)."""
+
+    def __init__(self, model: str, first: tuple[bool, bool], now: tuple[bool, bool]) -> None:
+        def show(sig: tuple[bool, bool]) -> str:
+            return ", ".join(f"{n}={'tensor' if t else 'None'}" for n, t in zip(SIGNATURE_ARGS, sig))
+
+        super().__init__(
+            f"{model} was called with {show(now)} after a first call with {show(first)}: vLLM compiles the model on "
+            "its first call and drops Dynamo's guards, so this call would run the first call's graph (wrong outputs, "
+            "or a device fault with a graph from vLLM's AOT compile cache). Every call of one engine must pass the "
+            "same inputs: the runner's real steps, dummy runs and graph captures (core/runner/) decide them "
+            "together; a model that needs embeddings on some steps takes them on every step (a preprocess hook)")
+
+
 def _num_tokens(args: Any, kwargs: dict[str, Any]) -> tuple[int, torch.device]:
     """Tokens of a model call and the device its inputs are on: ``inputs_embeds`` /
     ``input_ids`` rows, else ``positions``' last dim (``[num_tokens]`` or M-RoPE's
@@ -244,6 +285,16 @@ def feeds_prompt_embeds(model: Any) -> bool:
     its forward takes ``inputs_embeds``; other models keep vLLM's
     ``input_ids`` path, and with it the same compiled graphs as stock vLLM."""
     return bool(getattr(model, "has_preprocess", False))
+
+
+def prompt_embeds_without_embeds_path(model: Any) -> ValueError:
+    """The error for requests bringing ``prompt_embeds`` to a model whose engine passes no ``inputs_embeds``
+    (no preprocess hook, and vLLM builds none: not multimodal, no ``enable_prompt_embeds``): taking embeddings
+    on their prefill steps only would change the model's call signature (:class:`ModelCallSignatureError`)."""
+    return ValueError(
+        f"a request brings prompt_embeds to {type(model).__name__}, whose engine calls it with input_ids only: "
+        "give the model a preprocess hook (vLLM-Omni's has_preprocess; its forward then takes inputs_embeds on "
+        "every step) or start its engine with enable_prompt_embeds=True")
 
 
 #: vLLM-Omni's per-request forward kwargs (Python objects: a FULL graph would freeze the capture batch's)

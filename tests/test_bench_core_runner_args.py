@@ -28,8 +28,10 @@ def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     (["--max-tokens", "244"], "--max-tokens must be an integer 2..243, got '244'"),
     (["--iters", "0"], "--iters must be an integer >= 1"),
     (["--device", "tpu9"], "unknown device 'tpu9' (from --device). Installed drivers:"),
+    (["--sync-debug", "--device", "cpu"], "--sync-debug counts CUDA host-device synchronisations: it needs "
+                                          "--device cuda, not 'cpu'"),
 ], ids=["batch-0", "batch-negative", "batch-text", "rounds-0", "rounds-negative", "max-tokens-0", "max-tokens-1",
-        "max-tokens-too-long", "iters-0", "unknown-device"])
+        "max-tokens-too-long", "iters-0", "unknown-device", "sync-debug-off-cuda"])
 def test_bad_option_is_one_parser_error_before_any_engine(args, message):
     proc = _run(*args)
     assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])

@@ -14,6 +14,16 @@ Then the same two engines in vLLM's multiprocess engine (the default off cpu), t
 difference stock vs omni for each, which shows whether arrival timing (batch composition) is the cause.
 
 ``TRITON_F32_DEFAULT`` / ``VLLM_FLOAT32_MATMUL_PRECISION`` are left as the caller set them: the report prints them.
+
+``--compiles``: instead, whether two *compilations* of one model differ (the graph variants' 7e-7 / 1.8e-6
+logprob gaps between the stock and the omni thinker, each compiled in its own engine with its own compile cache,
+ci/logs/h200-2026-12-02-issue24.md). vLLM's defaults on the device (compile + CUDA graphs; the runner as
+``VLLM_USE_V2_MODEL_RUNNER`` says), multiprocess engines, one after another, each with the compile cache named:
+stock in cache A (cold), stock in cache B (cold), stock in cache A again (warm: the artifact A compiled), the
+omni thinker in cache C (cold), the omni thinker in cache D (cold). Each engine runs the tests' thinker batch as
+one batch (``generate_as_one_batch``); the report gives the largest logprob difference of every pair. Stock A vs
+stock B is the same class, weights and runner compiled twice: if they differ, separate compilations are the cause
+of the gap, not the omni class or runner.
 """
 
 from __future__ import annotations
@@ -99,13 +109,67 @@ def max_diff(a: list, b: list) -> float | str:
                 for (_, x), (_, y) in zip(ls, lo)), default=0.0)
 
 
+def compiles(demo_dir: str, device: str, out: str, cache_base: str) -> dict:
+    """The ``--compiles`` report (module docstring)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    os.environ["OMNI_TEST_DEVICE"] = device
+    os.environ["OMNI_TEST_GRAPHS"] = "default"
+    import time
+
+    import engine_scenarios as es
+    from precision import ENGINE_PRECISION_ENV
+    from vllm import LLM
+
+    from core.models.create import create_demo_models, stock_thinker_view
+    from core.stage import prepare_device
+
+    os.environ.update(ENGINE_PRECISION_ENV)
+    if not os.path.isdir(os.path.join(demo_dir, "thinker")):
+        create_demo_models(demo_dir)
+    thinker = os.path.join(demo_dir, "thinker")
+    stock_path = stock_thinker_view(thinker, os.path.join(demo_dir, "thinker-stock"))
+    prepare_device(device)
+    prompts, params = es.sampling_batch()
+    runs: dict = {}
+    report: dict = {"device": device, "v2": os.environ.get("VLLM_USE_V2_MODEL_RUNNER"), "engines": {},
+                    "env": {k: os.environ.get(k) for k in ENGINE_PRECISION_ENV}}
+    for name, side, cache in (("stock-A", "stock", "A"), ("stock-B", "stock", "B"), ("stock-A-warm", "stock", "A"),
+                              ("omni-C", "omni", "C"), ("omni-D", "omni", "D")):
+        os.environ["VLLM_CACHE_ROOT"] = os.path.join(cache_base, cache)  # the engine core inherits it at spawn
+        t0 = time.perf_counter()
+        try:
+            llm = LLM(stock_path, **es.engine_kw(device, "default"), **es.memory_kw(stock_path)) if side == "stock" \
+                else es.omni_engine(thinker)
+        except Exception as exc:  # noqa: BLE001 -- a diagnosis: record and go on
+            report["engines"][name] = {"error": repr(exc)[:400]}
+            continue
+        start = time.perf_counter() - t0
+        runs[name] = es.collect(es.generate_as_one_batch(llm, prompts, params))
+        report["engines"][name] = {"start_s": round(start, 1), "config": es.engine_config(llm)}
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        print(f"{name}: started in {start:.0f} s", flush=True)
+    names = list(runs)
+    report["max_logprob_diff"] = {f"{a} vs {b}": max_diff(runs[a], runs[b])
+                                  for i, a in enumerate(names) for b in names[i + 1:]}
+    print(json.dumps(report, indent=1))
+    with open(out, "w") as f:
+        json.dump(report, f, indent=1)
+    return report
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("demo_dir")
     ap.add_argument("out")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--multiprocess", action="store_true", help="also the multiprocess arrival-timing comparison")
+    ap.add_argument("--compiles", metavar="CACHE_DIR",
+                    help="instead: two compilations of one model compared (module docstring); caches under CACHE_DIR")
     args = ap.parse_args()
+    if args.compiles:
+        compiles(args.demo_dir, args.device, args.out, args.compiles)
+        return
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     os.environ["OMNI_TEST_DEVICE"] = args.device

@@ -8,7 +8,9 @@
 # a part gets what is left, one that cannot start is listed in $OUT/not-run.txt for the next command.
 #
 # PARTs:
-#   matrix          the GPU verification in one command, jobs at once (MATRIX_JOBS, default "core kit cublas"):
+#   matrix          the GPU verification in one command, jobs at once (MATRIX_JOBS, default "core kit cublas"; also
+#                   "equivalence", "compiles" (ci/gpu/equivalence.py --compiles: two compilations of one model
+#                   compared) and "mainjobs" (the part below, beside the others)):
 #                   pytest tests/core (every variant the driver offers: v1-eager, v1-graphs, v2-eager, v2-graphs;
 #                   each variant's engines in their processes, the variants concurrently, tests/core/conftest.py;
 #                   vLLM-Omni's Qwen3-TTS classes per variant, tests/core/test_qwen3_tts.py), the conformance kit
@@ -122,6 +124,9 @@ part_matrix() {  # MATRIX_JOBS: which jobs run at once (default: core kit cublas
       equivalence) ( timeout "$budget" python3 ci/gpu/equivalence.py "$d/eqdemo" "$d/equivalence.json" --device cuda --multiprocess \
           > "$d/equivalence.txt" 2>&1; echo "rc=$? wall=$((SECONDS - t0)) s" >> "$d/equivalence.txt" ) & ;;
       cublas) ( part_cublas_probe > "$d/cublas.txt" 2>&1; echo "rc=$? wall=$((SECONDS - t0)) s" >> "$d/cublas.txt" ) & ;;
+      mainjobs) ( part_mainjobs > "$d/mainjobs.txt" 2>&1; echo "rc=$? wall=$((SECONDS - t0)) s" >> "$d/mainjobs.txt" ) & ;;
+      compiles) ( timeout "$budget" python3 ci/gpu/equivalence.py "$d/eqdemo" "$d/compiles.json" --device cuda \
+          --compiles /tmp/compiles-cache > "$d/compiles.txt" 2>&1; echo "rc=$? wall=$((SECONDS - t0)) s" >> "$d/compiles.txt" ) & ;;
       *) echo "unknown matrix job $j" >&2; continue ;;
     esac
     pids+=($!)
@@ -139,6 +144,12 @@ part_matrix() {  # MATRIX_JOBS: which jobs run at once (default: core kit cublas
 import json, sys
 r = json.load(open(sys.argv[1]))
 print("equivalence:", json.dumps({k: r.get(k) for k in ("first_difference", "inproc_max_logprob_diff", "multiprocess", "env")}))
+PY
+  [ -f "$d/compiles.json" ] && python3 - "$d/compiles.json" <<'PY' 2>/dev/null | tee -a "$d/log.txt"
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("compiles:", json.dumps({"max_logprob_diff": r.get("max_logprob_diff"),
+                               "starts": {k: v.get("start_s", v.get("error")) for k, v in r["engines"].items()}}))
 PY
   grep -q "^rc=0" "$d/core.txt" && grep -q "^rc=0" "$d/kit.txt"
 }
@@ -256,7 +267,7 @@ part_bench() {  # v1 | v2
   header "bench-$1" > "$d/log.txt"
   local v2=0; [ "$1" = v2 ] && v2=1
   VLLM_USE_V2_MODEL_RUNNER=$v2 timeout "$(( $(left) - 60 ))" python3 bench/bench_core_runner.py --device cuda \
-      --dtype bfloat16 --batches 1,8,64 --rounds 5 --max-tokens 64 --reps 21 --iters 1000 --profile --out "$d" \
+      --dtype bfloat16 --batches 1,8,64 --rounds 5 --max-tokens 64 --reps 21 --iters 1000 --profile --sync-debug --out "$d" \
       >> "$d/log.txt" 2>&1
   echo "rc=$?" >> "$d/log.txt"
   if [ "$1" = v2 ]; then

@@ -128,6 +128,10 @@ class OmniModelStateMixin(abc.ABC):
                 self.max_num_tokens, self.inputs_embeds_size, dtype=self.dtype, device=self.device  # type: ignore[attr-defined]
             )
         self.keep_input_ids = bool(REQUIRES_RAW_INPUT_TOKENS.resolve()(model))
+        # with the omni inputs_embeds, input_ids go along where the model reads them (vLLM's
+        # requires_raw_input_tokens; a preprocess hook reads the step's ids): the same on real steps, dummy
+        # runs and graph captures (one call signature per engine: core.model_io.ModelOutputAdapter)
+        self.pass_input_ids = self.keep_input_ids or hooks.uses_preprocess
         self._pending: tuple[list[str], Any] | None = None  # (req_ids, BatchView) of this real step
         self._hidden: Any = None
         self._kwargs: dict[str, Any] = {}
@@ -218,8 +222,12 @@ class OmniModelStateMixin(abc.ABC):
                 hooks.prepare_prefill_embeds(batch, embeds)
                 hooks.preprocess(batch, input_batch.input_ids[:n], embeds)  # vLLM-Omni's per-step preprocess + MTP
             kwargs["inputs_embeds"] = embeds
-            if not self.keep_input_ids and not hooks.uses_preprocess:
+            if not self.pass_input_ids:
                 kwargs["input_ids"] = None
+        elif batch is not None and not self.runner_builds_embeds and hooks.needs_embeds(batch):
+            from core.model_io import prompt_embeds_without_embeds_path
+
+            raise prompt_embeds_without_embeds_path(self.model)  # type: ignore[attr-defined]
         extra = hooks.build_extra_kwargs(batch if batch is not None else self._dummy_view(input_batch))
         kwargs.update(extra)
         self._kwargs = extra
@@ -234,7 +242,7 @@ class OmniModelStateMixin(abc.ABC):
         self._pending = None
         if self.omni_inputs_embeds is not None:
             kwargs["inputs_embeds"] = self.omni_inputs_embeds[:num_tokens]
-            if not self.keep_input_ids:
+            if not self.pass_input_ids:  # as prepare_inputs: a capture from here replays for real steps
                 kwargs["input_ids"] = None
         return kwargs
 
@@ -258,7 +266,7 @@ class OmniModelStateMixin(abc.ABC):
 #: names :class:`OmniModelStateMixin` adds to a state (a base class defining one of them conflicts)
 OMNI_STATE_NAMES = frozenset(
     {n for n in vars(OmniModelStateMixin) if not n.startswith(("__", "_abc_"))} - set(STATE_SEAMS)
-    | {"talker_mtp", "runner_builds_embeds", "omni_inputs_embeds", "keep_input_ids", "omni_io", "backend",
+    | {"talker_mtp", "runner_builds_embeds", "omni_inputs_embeds", "keep_input_ids", "pass_input_ids", "omni_io", "backend",
        "_pending", "_hidden", "_kwargs"}
 )
 

@@ -26,7 +26,7 @@ from core.hooks.contract import needs_omni_hooks
 from core.hooks.graphs import capture_talker_mtp, graphs_enabled, talker_mtp_buffers
 from core.kinds import AR
 from core.runner.classes import omni_runner_class
-from core.model_io import ModelOutputAdapter, omni_runner_output
+from core.model_io import ModelOutputAdapter, omni_runner_output, prompt_embeds_without_embeds_path
 from omni_backends.backend import Backend
 
 
@@ -135,10 +135,10 @@ class OmniV1RunnerMixin:
         batch = self._omni_batch = self._batch_view()
         self._omni_io.begin_step()
         if inputs_embeds is None and hooks.needs_embeds(batch):
-            inputs_embeds = self.inputs_embeds.gpu[:num_input_tokens]
+            if not hooks.uses_preprocess:  # embeddings on some steps only: the call signature would change
+                raise prompt_embeds_without_embeds_path(self.model)
+            inputs_embeds = self.inputs_embeds.gpu[:num_input_tokens]  # input_ids stay, as in dummy runs
             inputs_embeds.copy_(self.model.embed_input_ids(input_ids))
-            if not hooks.uses_preprocess:
-                input_ids = None
         if inputs_embeds is not None:
             hooks.prepare_prefill_embeds(batch, inputs_embeds)
             if hooks.uses_preprocess:

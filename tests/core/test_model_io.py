@@ -117,14 +117,17 @@ def test_the_placeholder_of_a_model_without_text_hidden_states_is_on_its_inputs_
         def forward(self, input_ids=None, positions=None, inputs_embeds=None, **kw):
             return VllmOmniOutput(None, {"wave": [torch.ones(5)]})
 
-    model = Code2Wav()
-    ModelOutputAdapter(model, MAX_TOKENS, hidden_size=H, dtype=torch.float32)
     meta = torch.device("meta")
     for call in ({"input_ids": torch.zeros(3, dtype=torch.long, device=meta)},
                  {"positions": torch.arange(4, device=meta)},
                  {"inputs_embeds": torch.zeros(2, H, device=meta)}):
+        model = Code2Wav()  # one engine, one call signature: a model per kind of call
+        ModelOutputAdapter(model, MAX_TOKENS, hidden_size=H, dtype=torch.float32)
         out = model(**call)
         assert out.device == meta and out.shape[1] == H
+    model = Code2Wav()
+    ModelOutputAdapter(model, MAX_TOKENS, hidden_size=H, dtype=torch.float32)
+    assert model(input_ids=torch.zeros(3, dtype=torch.long, device=meta)).device == meta
     assert model(input_ids=torch.tensor([1, 2])).device.type == "cpu"  # and back, when the inputs move
 
 
@@ -479,3 +482,30 @@ def test_vllms_warmup_requests_reach_a_generation_kind_runner_unrefused():
     hooks.on_new_requests([("_warmup_0_", SamplingParams(max_tokens=16))])
     with pytest.raises(ValueError, match="max_tokens=1"):  # a user request with a payload is still refused
         hooks.on_new_requests([("u", SamplingParams(max_tokens=4, extra_args={EXTRA_ARGS_KEY: pack({"codes": 1})}))])
+
+
+def test_a_call_with_other_inputs_than_the_first_is_refused_with_why():
+    from core.model_io import ModelCallSignatureError
+
+    model = OmniModel()
+    ModelOutputAdapter(model, MAX_TOKENS)
+    ids = torch.tensor([1, 2, 3])
+    model(input_ids=ids, positions=None)  # the first call (vLLM's profile run) fixes the signature
+    model(ids)  # positionally: the same inputs
+    model(ids, None, None, None)
+    with pytest.raises(ModelCallSignatureError, match=r"OmniModel was called with input_ids=tensor, "
+                                                      r"inputs_embeds=tensor after a first call with "
+                                                      r"input_ids=tensor, inputs_embeds=None.*drops Dynamo's guards"):
+        model(input_ids=ids, inputs_embeds=torch.zeros(3, H))
+
+    class EmbedsModel(OmniModel):
+        def forward(self, input_ids=None, positions=None, intermediate_tensors=None, inputs_embeds=None, **kw):
+            h = inputs_embeds if inputs_embeds is not None else self.embed(input_ids)
+            return OmniOutput(text_hidden_states=h, multimodal_outputs={})
+
+    other = EmbedsModel()
+    ModelOutputAdapter(other, MAX_TOKENS)
+    other(input_ids=None, inputs_embeds=torch.zeros(3, H))
+    with pytest.raises(ModelCallSignatureError, match="input_ids=tensor, inputs_embeds=None after a first call "
+                                                      "with input_ids=None, inputs_embeds=tensor"):
+        other(input_ids=ids)

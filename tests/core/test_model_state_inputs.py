@@ -14,7 +14,8 @@ torch = pytest.importorskip("torch")
 
 from core.kinds import AR, GENERATION  # noqa: E402
 from tests.core.v2_fakes import (  # noqa: E402
-    H, IDS, MAX_REQS, MAX_TOKENS, NUM_TOKENS, VOCAB, TinyTalker, add_all, greedy_inner, input_batch, make_state,
+    H, IDS, MAX_REQS, MAX_TOKENS, NUM_TOKENS, PROMPT, VOCAB, TinyTalker, add_all, greedy_inner, input_batch,
+    make_state,
     needs_vllm, omni_sampler, payloads,
 )
 
@@ -200,3 +201,52 @@ def test_models_without_prompt_embeds_keep_vllms_input_ids_path(vllm_config):
     assert make_state(vllm_config, TinyTalker()).omni_inputs_embeds is not None
     state = make_state(vllm_config, Thinker())
     assert state.omni_inputs_embeds is None
+
+
+# ---------------------------------------------------------- one call signature
+def _presence(inputs: dict) -> tuple[bool, bool]:
+    from core.model_io import call_signature
+
+    return call_signature((), inputs)
+
+
+@needs_vllm
+@pytest.mark.parametrize("model_kind", ["preprocess", "thinker", "raw-tokens"])
+def test_real_steps_dummy_runs_and_graph_captures_call_the_model_alike(vllm_config, model_kind):
+    """The model inputs as vLLM's V2 runner composes them (``execute_model`` / ``_dummy_run``: ``input_ids``,
+    ``inputs_embeds=None``, then ``prepare_inputs``; CUDA-graph capture: the input buffer's ``input_ids``, then
+    ``prepare_dummy_inputs``) carry the same of ``input_ids`` / ``inputs_embeds`` on all three paths. vLLM
+    compiles the model on its first call (the profile run) and drops the guards: on the H200 (2026-12-02) the
+    talker's captures passed ``input_ids=None`` where its steps passed them, and its engine failed at every start
+    from vLLM's AOT compile cache (``CUBLAS_STATUS_EXECUTION_FAILED`` in the loaded graph's first GEMM)."""
+    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
+
+    class Thinker(TinyTalker):
+        has_preprocess = False
+
+    class RawTokens(TinyTalker):
+        requires_raw_input_tokens = True
+
+    model = {"preprocess": TinyTalker, "thinker": Thinker, "raw-tokens": RawTokens}[model_kind]()
+    state = make_state(vllm_config, model)
+    rs = add_all(state, payloads() if model_kind != "thinker" else {r: {"voice": 1} for r in IDS})
+    real_batch = input_batch(padded=16)
+    real = {"input_ids": real_batch.input_ids, "inputs_embeds": None, **state.prepare_inputs(real_batch, rs)}
+    bufs = InputBuffers(MAX_REQS, MAX_TOKENS, torch.device("cpu"))
+    dummy_batch = InputBatch.make_dummy(2, 6, bufs)
+    dummy = {"input_ids": dummy_batch.input_ids, "inputs_embeds": None, **state.prepare_inputs(dummy_batch, rs)}
+    capture = {"input_ids": bufs.input_ids[:8], **state.prepare_dummy_inputs(2, 8)}
+    expected = {"preprocess": (True, True), "thinker": (True, False), "raw-tokens": (True, True)}[model_kind]
+    assert _presence(real) == _presence(dummy) == _presence(capture) == expected
+
+
+@needs_vllm
+def test_prompt_embeds_for_a_model_without_an_embeds_path_is_a_clear_error_not_a_new_signature(vllm_config):
+    class Thinker(TinyTalker):
+        has_preprocess = False
+
+    state = make_state(vllm_config, Thinker())
+    pl = {r: {"prompt_embeds": torch.randn(PROMPT[r], H)} for r in IDS}
+    rs = add_all(state, pl)
+    with pytest.raises(ValueError, match="brings prompt_embeds to Thinker.*preprocess hook.*enable_prompt_embeds"):
+        state.prepare_inputs(input_batch(padded=16), rs)
