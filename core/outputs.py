@@ -390,3 +390,37 @@ def _positions(keys: list[str]) -> dict[str, list[int]]:
 
 #: steps the front end's :class:`StepLog` holds before it folds them into the live requests' accumulators
 STEP_LOG_STEPS = 64
+
+
+class HostSlabs:
+    """Host memory for the steps' outputs: rows are copied into a few large slabs (one open slab per trailing
+    shape and dtype, append-only), each step's rows a view of one slab, instead of one new tensor per step.
+
+    Why: a step's host copy lives until every request that has rows in it read them (``FINAL_ONLY``: at its
+    finish, many steps later); one allocation per step kept that long made vLLM's own forward measurably
+    slower on cpu (batch 64: 7 % of the model's time, 2026-12-02, ``bench/RESULTS.md``), and a page-locked
+    allocation per step costs a driver call. A slab is never written twice: when its rows are used up a new
+    one is opened (``max(rows, n)`` rows), the old one freed by the allocator once no view of it is left.
+    ``pin``: page-locked slabs (for non-blocking device-to-host copies).
+    """
+
+    __slots__ = ("rows", "pin", "_open")
+
+    def __init__(self, rows: int = 4096, pin: bool = False) -> None:
+        self.rows, self.pin = int(rows), pin
+        self._open: dict[tuple, list] = {}  # (trailing shape, dtype) -> [slab, next free row]
+
+    def copy(self, t: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+        """A host view ``[n, ...]`` holding ``t``'s rows (``t``: ``[n, ...]``, any device); ``non_blocking``:
+        the copy may still be in flight (the caller fences it)."""
+        n = int(t.shape[0])
+        key = (t.shape[1:], t.dtype)
+        entry = self._open.get(key)
+        if entry is None or entry[1] + n > entry[0].shape[0]:
+            slab = torch.empty((max(self.rows, n), *t.shape[1:]), dtype=t.dtype, pin_memory=self.pin)
+            entry = self._open[key] = [slab, 0]
+        slab, at = entry
+        out = slab[at : at + n]
+        out.copy_(t, non_blocking=non_blocking)
+        entry[1] = at + n
+        return out

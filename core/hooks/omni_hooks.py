@@ -33,7 +33,7 @@ from core.hooks.contract import ModelContract, read_contract
 from core.hooks.graphs import graphs_enabled, no_full_graphs
 from core.hooks.talker_mtp import TalkerMTP, request_generator
 from core.kinds import AR, GENERATION, KINDS
-from core.outputs import OmniModelRunnerOutput, StepOutputs, StepRows, as_omni_output, flatten_multimodal
+from core.outputs import HostSlabs, OmniModelRunnerOutput, StepOutputs, StepRows, as_omni_output, flatten_multimodal
 from core.payloads import EXTRA_ARGS_KEY, PayloadStore, unpack
 from core.seams import CUDAGRAPH_MODE
 from omni_backends.backend import Backend
@@ -60,6 +60,9 @@ class OmniHooks:
         self.contract: ModelContract = read_contract(None)
         self.payloads = _Payloads((), self._to_device, lambda t: self.backend.to_host(t))
         self._step_outputs = StepOutputs()
+        #: host memory of the steps' outputs (page-locked slabs made on the first device copy)
+        self._slabs = HostSlabs()
+        self._pinned_slabs: HostSlabs | None = None
         #: the forward takes vLLM-Omni's per-request state kwargs (set by :meth:`bind_model`)
         self.passes_request_state = True
         #: req_id -> number of token positions whose outputs were already emitted
@@ -383,26 +386,24 @@ class OmniHooks:
         if c.set_batch_req_ids is not None:
             c.set_batch_req_ids(list(batch.req_ids))
         if mm:
-            self._collect(flatten_multimodal(mm), batch, hidden, getattr(omni, "persistent", True))
+            self._collect(flatten_multimodal(mm), batch)
         return hidden
 
-    def _collect(self, flat: dict[str, Any], batch: BatchView, hidden: Any = None, persistent: bool = True) -> None:
+    def _collect(self, flat: dict[str, Any], batch: BatchView) -> None:
         """This step's outputs into :class:`~core.outputs.StepOutputs`, step-major: one host copy per
         token-aligned tensor for the whole step (non-blocking into page-locked memory where the driver's D2H
         copies are stream-ordered, fenced by one event) with each request's row range, past the rows it
         emitted before; per-request list items as they are. Nothing is cut per request here: the front end
-        slices a request's rows when its output is read. ``hidden``: the forward's text hidden states;
-        ``persistent``: whether the outputs live in buffers the next forward overwrites (the model-output
-        adapter's, :attr:`~core.model_io.ModelOutputAdapter.persistent`); an output that is the step's own
-        host hidden-state tensor of a non-persistent step is kept without a copy."""
-        n = batch.num_reqs
+        slices a request's rows when its output is read. The host copies go into :class:`~core.outputs.HostSlabs`
+        (a few large host buffers, rows appended), not one new tensor per step."""
         req_ids = batch.req_ids
+        n = len(req_ids)
         emitted = self._emitted
-        qsl = np.asarray(batch.query_start_loc)[: n + 1].tolist()
+        qsl = _ints(batch.query_start_loc, n + 1)
         num_tokens = qsl[-1] if n else 0
         starts, ends = qsl[:-1], qsl[1:]
         # C-level maps over the batch: rows emitted before, the new watermark (position after this step's rows)
-        first = batch.num_computed[:n].tolist()
+        first = _ints(batch.num_computed, n)
         done = list(map(emitted.get, req_ids, repeat(0, n)))
         emitted.update(zip(req_ids, map(max, done, map(add, first, map(sub, ends, starts)))))
         if any(map(gt, done, first)):  # positions emitted before (recomputed after preemption): skip them
@@ -410,11 +411,6 @@ class OmniHooks:
         step, tensors, fenced = self._step_outputs, {}, False
         for key, value in flat.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0 and (rows := value.shape[0]) >= num_tokens:
-                if value is hidden and not persistent and value.is_cpu and rows == num_tokens:
-                    # the eager forward's own text hidden states on the host: vLLM only reads them, and the next
-                    # forward allocates new ones, so the step keeps this tensor (no copy, no torch op)
-                    tensors[key] = value
-                    continue
                 host, in_flight = self._host_copy(value[:num_tokens] if rows != num_tokens else value)
                 tensors[key] = host
                 fenced |= in_flight
@@ -434,14 +430,16 @@ class OmniHooks:
 
     def _host_copy(self, t: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """``(host tensor, in flight)``: a CPU copy of ``t`` (which lives in a buffer the next forward
-        overwrites); in flight: a non-blocking copy into page-locked memory, read after the step's fence."""
+        overwrites, or is the model's own tensor), rows of a :class:`~core.outputs.HostSlabs` slab; in flight: a
+        non-blocking copy into page-locked slab rows, read after the step's fence."""
         if t.is_cpu:
-            return t.clone(), False
+            return self._slabs.copy(t), False
         caps = self.backend.capabilities()
         if caps.d2h_stream_ordered and caps.pinned_memory:
-            out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            out.copy_(t, non_blocking=True)
-            return out, True
+            pinned = self._pinned_slabs
+            if pinned is None:
+                pinned = self._pinned_slabs = HostSlabs(pin=True)
+            return pinned.copy(t, non_blocking=True), True
         return _owned(self.backend.to_host(t), t), False
 
     def _record_fence(self) -> Callable[[], Any]:
@@ -502,6 +500,12 @@ def _rows_of(items: Any) -> StepRows:
             names.append(name)
             values.append(v)
     return StepRows(item_req_ids=reqs, item_names=names, item_values=values)
+
+
+def _ints(values: Any, n: int) -> list[int]:
+    """The first ``n`` of ``values`` (a numpy array, as a ``BatchView`` holds them, or a sequence) as ints."""
+    out = values.tolist() if isinstance(values, np.ndarray) else list(values)
+    return out if len(out) == n else out[:n]
 
 
 class _Payloads(PayloadStore):
