@@ -321,17 +321,22 @@ class StepLog:
     """The front end's log of the engine's steps (:class:`StepRows`, in the order they arrived), read per
     request only when that request's output is made (:meth:`steps`).
 
-    Positions are step counts since the log began: :attr:`end` is where the next step goes; a reader keeps
-    the ``end`` of its last read and passes it as ``since``. :meth:`clear` forgets the steps logged so far
+    Positions count the :class:`StepRows` logged since the log began (usually one per step): :attr:`end` is
+    where the next goes; a reader keeps the ``end`` of its last read and passes it as ``since``. :meth:`clear` forgets the steps logged so far
     (``end`` stays): the caller first folds what every live reader has not read yet (the output processor,
     every :data:`STEP_LOG_STEPS` steps), so the log holds a bounded number of steps.
+
+    A step's tensors are copied into the log's own :class:`HostSlabs` (one copy per step and name; the step's
+    tensors, the runner's or those decoded from vLLM's multiprocess transport, are then free): a request's rows
+    over many steps are one ``index_select`` per slab (``FINAL_ONLY``: once, at its finish), not a view per
+    step.
     """
 
-    __slots__ = ("_blocks", "_index", "start")
+    __slots__ = ("_blocks", "_slabs", "start")
 
     def __init__(self) -> None:
-        self._blocks: list[StepRows] = []
-        self._index: list[Any] = []
+        self._blocks: list[tuple] = []  # (req_id -> (start, end), name -> (slab, first row), per-request values)
+        self._slabs = HostSlabs()
         #: position of the first step still held
         self.start = 0
 
@@ -344,41 +349,71 @@ class StepLog:
         return len(self._blocks)
 
     def extend(self, blocks: list[StepRows]) -> None:
-        """Log one engine step's :class:`StepRows`."""
-        self._blocks.extend(blocks)
-        self._index.extend([None] * len(blocks))
+        """Log one engine step's :class:`StepRows` (their tensors copied into slab rows; the blocks are not
+        kept). Per step: one copy per name and a ``req_id -> (start, end)`` dict (built in C)."""
+        for b in blocks:
+            where = {name: self._slabs.place(t) for name, t in b.tensors.items()}
+            rows = dict(zip(b.req_ids, zip(b.starts, b.ends)))
+            items = (_positions(b.item_req_ids), b.item_names, b.item_values) if b.item_req_ids else None
+            self._blocks.append((rows, where, items))
 
     def clear(self) -> None:
         """Forget the steps logged so far (their readers must have read them)."""
         self.start = self.end
-        self._blocks, self._index = [], []
+        self._blocks = []
 
     def steps(self, req_id: str, since: int) -> list[dict[str, torch.Tensor]]:
-        """``req_id``'s outputs in the steps logged at positions ``since`` and after: one ``name -> tensor``
-        dict per step that has any (views of the step's host tensors). Raises ``ValueError`` if ``since``
-        is before :attr:`start` (those steps were cleared unread)."""
+        """``req_id``'s outputs in the steps logged at positions ``since`` and after, in order, as a list of
+        ``name -> tensor`` dicts (concatenated along dim 0 they are the request's rows of those steps): the
+        token-aligned rows of all those steps first (a view for one step's rows, else gathered), then the
+        per-request values step by step. Raises ``ValueError`` if ``since`` is before :attr:`start` (those
+        steps were cleared unread)."""
         if since < self.start:
             raise ValueError(f"request {req_id}: steps {since}..{self.start - 1} were cleared before it read them")
-        out: list[dict[str, torch.Tensor]] = []
-        blocks, index = self._blocks, self._index
-        for k in range(since - self.start, len(blocks)):
-            b, idx = blocks[k], index[k]
-            if idx is None:  # built once per step, at its first read: C-level
-                idx = index[k] = (dict(zip(b.req_ids, range(len(b.req_ids)))),
-                                  _positions(b.item_req_ids) if b.item_req_ids else None)
-            j = idx[0].get(req_id)
-            step: dict[str, torch.Tensor] = {}
-            if j is not None:
-                s, e = b.starts[j], b.ends[j]
-                if e > s:
-                    step = {name: t[s:e] for name, t in b.tensors.items()}
-            if idx[1] is not None:
-                for p in idx[1].get(req_id, ()):
-                    name, value = b.item_names[p], b.item_values[p]
+        runs: list[tuple[dict, int, int]] = []
+        items: list[dict[str, torch.Tensor]] = []
+        for rows, where, per_request in self._blocks[since - self.start :]:
+            se = rows.get(req_id)
+            if se is not None and se[1] > se[0]:
+                runs.append((where, se[0], se[1]))
+            if per_request is not None and req_id in per_request[0]:
+                step: dict[str, torch.Tensor] = {}
+                for p in per_request[0][req_id]:
+                    name, value = per_request[1][p], per_request[2][p]
                     step[name] = torch.cat([step[name], value]) if name in step and value.dim() > 0 else value
-            if step:
-                out.append(step)
-        return out
+                items.append(step)
+        if not runs:
+            return items
+        names = runs[0][0]
+        if items and any(name in names for step in items for name in step):
+            return self._per_step(runs) + items  # a name both per token and per request: per-step order
+        return [{name: _gather([(w[name], s, e) for w, s, e in runs]) for name in names}] + items
+
+    @staticmethod
+    def _per_step(parts: list[tuple[dict, int, int]]) -> list[dict[str, torch.Tensor]]:
+        return [{name: slab[off + s : off + e] for name, (slab, off) in w.items()} for w, s, e in parts]
+
+
+def _gather(runs: list[tuple[tuple[torch.Tensor, int], int, int]]) -> torch.Tensor:
+    """Rows ``off + s : off + e`` of each run's slab, concatenated: a view for one run, one ``index_select``
+    per slab otherwise."""
+    if len(runs) == 1:
+        (slab, off), s, e = runs[0]
+        return slab[off + s : off + e]
+    out: list[torch.Tensor] = []
+    i = 0
+    while i < len(runs):
+        slab = runs[i][0][0]
+        rows: list[int] = []
+        while i < len(runs) and runs[i][0][0] is slab:
+            (_, off), s, e = runs[i]
+            if e - s == 1:
+                rows.append(off + s)
+            else:
+                rows.extend(range(off + s, off + e))
+            i += 1
+        out.append(slab.index_select(0, torch.tensor(rows, dtype=torch.long)))
+    return out[0] if len(out) == 1 else torch.cat(out)
 
 
 def _positions(keys: list[str]) -> dict[str, list[int]]:
@@ -413,6 +448,11 @@ class HostSlabs:
     def copy(self, t: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
         """A host view ``[n, ...]`` holding ``t``'s rows (``t``: ``[n, ...]``, any device); ``non_blocking``:
         the copy may still be in flight (the caller fences it)."""
+        slab, at = self.place(t, non_blocking)
+        return slab[at : at + int(t.shape[0])]
+
+    def place(self, t: torch.Tensor, non_blocking: bool = False) -> tuple[torch.Tensor, int]:
+        """:meth:`copy` as ``(slab, first row)``."""
         n = int(t.shape[0])
         key = (t.shape[1:], t.dtype)
         entry = self._open.get(key)
@@ -420,7 +460,6 @@ class HostSlabs:
             slab = torch.empty((max(self.rows, n), *t.shape[1:]), dtype=t.dtype, pin_memory=self.pin)
             entry = self._open[key] = [slab, 0]
         slab, at = entry
-        out = slab[at : at + n]
-        out.copy_(t, non_blocking=non_blocking)
+        slab[at : at + n].copy_(t, non_blocking=non_blocking)
         entry[1] = at + n
-        return out
+        return slab, at

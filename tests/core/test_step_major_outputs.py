@@ -118,21 +118,27 @@ def test_scheduler_gives_each_front_end_the_rows_of_its_own_requests():
     assert to0.tensors["h"] is h and to1.tensors["h"] is h  # the step's tensor, not a copy per front end
 
 
-def test_step_log_slices_a_requests_rows_per_step_and_refuses_cleared_steps():
-    log = StepLog()
+def test_step_log_gathers_a_requests_rows_over_steps_and_refuses_cleared_steps():
+    """The log holds each step's rows in its own slabs (the step's tensors are not kept): one step's rows are
+    a view, several steps' one gather; per-request values come after them."""
     h1, h2 = torch.arange(5.0)[:, None], torch.arange(10.0, 12.0)[:, None]
+    log = StepLog()
     log.extend([StepRows(["a", "b"], [0, 3], [3, 5], {"h": h1})])
-    log.extend([StepRows(["b", "a"], [0, 1], [1, 1], {"h": h2}),  # "a": no rows this step (emitted before)
+    log.extend([StepRows(["b", "a"], [0, 1], [1, 2], {"h": h2}),
                 StepRows(item_req_ids=["a", "a"], item_names=["w", "w"], item_values=[torch.ones(1), torch.zeros(2)])])
-    a = log.steps("a", 0)
-    assert [s["h"][:, 0].tolist() for s in a if "h" in s] == [[0.0, 1.0, 2.0]]
-    assert a[1]["w"].tolist() == [1.0, 0.0, 0.0]  # a name twice in a step: concatenated
-    assert a[0]["h"].untyped_storage().data_ptr() == h1.untyped_storage().data_ptr()  # a view, no copy
-    assert [s["h"][:, 0].tolist() for s in log.steps("b", 1)] == [[10.0]]
+    log.extend([StepRows(["a"], [0], [1], {"h": torch.tensor([[20.0]])})])
+    h1[:] = -1  # the log copied the rows: the producer's tensors may be reused
+    (rows, items) = log.steps("a", 0)
+    assert rows["h"][:, 0].tolist() == [0.0, 1.0, 2.0, 11.0, 20.0]
+    assert items["w"].tolist() == [1.0, 0.0, 0.0]  # a name twice in a step: concatenated
+    (one,) = log.steps("b", 1)
+    assert one["h"][:, 0].tolist() == [10.0]
+    again = log.steps("b", 1)[0]["h"]
+    assert again.untyped_storage().data_ptr() == one["h"].untyped_storage().data_ptr()  # one step: a view of the slab
     assert log.steps("b", log.end) == [] and log.steps("unknown", 0) == []
     since = log.end
     log.clear()
-    assert len(log) == 0 and log.end == since == 3
+    assert len(log) == 0 and log.end == since == 4  # positions count the StepRows logged
     with pytest.raises(ValueError, match="cleared before it read them"):
         log.steps("a", 1)
 
