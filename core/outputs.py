@@ -326,10 +326,10 @@ class StepLog:
     (``end`` stays): the caller first folds what every live reader has not read yet (the output processor,
     every :data:`STEP_LOG_STEPS` steps), so the log holds a bounded number of steps.
 
-    A step's tensors are copied into the log's own :class:`HostSlabs` (one copy per step and name; the step's
-    tensors, the runner's or those decoded from vLLM's multiprocess transport, are then free): a request's rows
-    over many steps are one ``index_select`` per slab (``FINAL_ONLY``: once, at its finish), not a view per
-    step.
+    A step's tensors are held as rows of a slab: the runner's :class:`HostSlabs` slab itself for a tensor the
+    runner's slabs made in this process (an in-process engine: no copy), else a copy into the log's own slabs
+    (tensors decoded from vLLM's multiprocess transport, one per step). A request's rows over many steps are then
+    one ``index_select`` per slab (``FINAL_ONLY``: once, at its finish), not a view per step.
     """
 
     __slots__ = ("_blocks", "_slabs", "start")
@@ -349,10 +349,11 @@ class StepLog:
         return len(self._blocks)
 
     def extend(self, blocks: list[StepRows]) -> None:
-        """Log one engine step's :class:`StepRows` (their tensors copied into slab rows; the blocks are not
-        kept). Per step: one copy per name and a ``req_id -> (start, end)`` dict (built in C)."""
+        """Log one engine step's :class:`StepRows` (their tensors as slab rows; the blocks are not kept). Per
+        step: a ``req_id -> (start, end)`` dict (built in C), and a copy per name unless the tensor is already
+        slab rows."""
         for b in blocks:
-            where = {name: self._slabs.place(t) for name, t in b.tensors.items()}
+            where = {name: getattr(t, "_omni_slab", None) or self._slabs.place(t) for name, t in b.tensors.items()}
             rows = dict(zip(b.req_ids, zip(b.starts, b.ends)))
             items = (_positions(b.item_req_ids), b.item_names, b.item_values) if b.item_req_ids else None
             self._blocks.append((rows, where, items))
@@ -449,10 +450,13 @@ class HostSlabs:
         """A host view ``[n, ...]`` holding ``t``'s rows (``t``: ``[n, ...]``, any device); ``non_blocking``:
         the copy may still be in flight (the caller fences it)."""
         slab, at = self.place(t, non_blocking)
-        return slab[at : at + int(t.shape[0])]
+        view = slab[at : at + int(t.shape[0])]
+        view._omni_slab = (slab, at)  # type: ignore[attr-defined]  # read by StepLog.extend (same process only)
+        return view
 
     def place(self, t: torch.Tensor, non_blocking: bool = False) -> tuple[torch.Tensor, int]:
-        """:meth:`copy` as ``(slab, first row)``."""
+        """:meth:`copy` as ``(slab, first row)``. (A view :meth:`copy` returns carries that pair as its
+        ``_omni_slab`` attribute, a Python attribute that does not survive serialisation.)"""
         n = int(t.shape[0])
         key = (t.shape[1:], t.dtype)
         entry = self._open.get(key)
