@@ -1,16 +1,16 @@
-"""Carry multimodal outputs worker -> engine core -> caller on vLLM's extension points.
+"""Carry multimodal outputs worker -> engine core -> caller on vLLM's extension points, step-major.
 
 - worker: the omni runner returns :class:`~core.outputs.OmniModelRunnerOutput`
-  (this step's outputs per request);
+  (``omni_rows``: this step's host tensors, one per name, with each request's row range);
 - engine core: :class:`OmniScheduler` (``scheduler_cls``; over vLLM's
-  ``AsyncScheduler`` when async scheduling is on) moves them onto
-  :class:`OmniEngineCoreOutput` (an ``EngineCoreOutput`` msgspec subclass with
-  one appended field), holding them back for a request until the scheduler
-  emits an output for it;
+  ``AsyncScheduler`` when async scheduling is on) puts a step's rows on the first
+  output of the step only (:class:`OmniEngineCoreOutput`, an ``EngineCoreOutput``
+  msgspec subclass with one appended field): nothing per request;
 - front end: :func:`attach_omni_frontend` makes the ``LLM``'s engine-core client
   decode :class:`OmniEngineCoreOutputs` and its output processor an
-  :class:`OmniOutputProcessor`, which accumulates each request's outputs and
-  sets ``RequestOutput.multimodal_outputs`` (name -> tensor, steps concatenated
+  :class:`OmniOutputProcessor`, which logs each step once and, when it makes a
+  request's output, slices that request's rows from the steps since its last read
+  and sets ``RequestOutput.multimodal_outputs`` (name -> tensor, steps concatenated
   along dim 0).
 
 Works in vLLM's multiprocess engine (msgspec over ZMQ) and in-process.
@@ -31,7 +31,7 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.output_processor import OutputProcessor, RequestOutputCollector
 
 from core.kinds import AR, GENERATION
-from core.outputs import StepAccumulator, merge_step_outputs
+from core.outputs import STEP_LOG_STEPS, StepAccumulator, StepLog, StepRows, merge_step_outputs
 from core.payloads import EXTRA_ARGS_KEY, unpack
 from core.seams import ASYNC_SCHEDULER, ASYNC_SCHEDULING
 
@@ -39,63 +39,76 @@ log = logging.getLogger(__name__)
 
 
 class OmniEngineCoreOutput(EngineCoreOutput, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
-    """``EngineCoreOutput`` + this step's multimodal outputs (name -> CPU tensor)."""
+    """``EngineCoreOutput`` + the multimodal outputs of the engine's steps since its last output, step-major
+    (:class:`~core.outputs.StepRows`: each step's host tensors with every request's row range). Only the
+    first output of a step carries them (:class:`OmniSchedulerMixin`); the others leave the field ``None``."""
 
-    multimodal_outputs: dict[str, torch.Tensor] | None = None
+    omni_rows: list[StepRows] | None = None
 
 
 class OmniEngineCoreOutputs(EngineCoreOutputs, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
     outputs: list[OmniEngineCoreOutput] = []  # type: ignore[assignment]
 
 
-"""vLLM symbols the scheduler choice binds (for the drift check)."""
-
-
 class OmniSchedulerMixin:
     """Forwards the runner's multimodal outputs; over vLLM's ``Scheduler`` or
     ``AsyncScheduler`` (:func:`omni_scheduler_cls`).
 
-    Outputs of a step in which the scheduler emits nothing for a request
-    (e.g. a chunked-prefill step) are held and attached to its next output;
-    they are dropped when the request finishes or is aborted.
+    Per step, not per request: the step's :class:`~core.outputs.StepRows` (``OmniModelRunnerOutput.omni_rows``)
+    ride on the first ``EngineCoreOutput`` of each front end's ``EngineCoreOutputs`` (one
+    :class:`OmniEngineCoreOutput` per step); the front end (:class:`OmniOutputProcessor`) hands each request
+    its rows when it makes that request's output. A step in which a front end gets no output (e.g. only
+    chunked-prefill steps) keeps its rows for that front end's next output; they are dropped when no request
+    is left. With several front ends (``client_index``) each gets the rows of its own requests.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._omni_pending: dict[str, list[dict[str, torch.Tensor]]] = {}
+        self._omni_held: dict[int, list[StepRows]] = {}
+        self._omni_clients: set[int] = set()
+
+    def add_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        self._omni_clients.add(getattr(request, "client_index", 0))
+        return super().add_request(request, *args, **kwargs)  # type: ignore[misc]
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> dict[int, EngineCoreOutputs]:
-        step = getattr(model_runner_output, "multimodal_outputs", None)
-        pending = self._omni_pending
-        result = super().update_from_output(scheduler_output, model_runner_output)
-        if not step and not pending:  # a stock model, or a step without multimodal outputs
+        rows = getattr(model_runner_output, "omni_rows", None)
+        held = self._omni_held
+        result = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        if not rows and not held:  # a stock model, or a step without multimodal outputs
             return result
-        step = step or {}
-        attached = 0
+        clients = self._omni_clients
+        if len(clients) <= 1:
+            per_client = {next(iter(clients), 0): list(rows or ())}
+        else:
+            per_client = self._rows_by_client(rows or ())
+        for ci, blocks in held.items():
+            per_client[ci] = blocks + per_client.get(ci, [])
+        held.clear()
         astuple = msgspec.structs.astuple
-        for eco_batch in result.values():
-            outs = eco_batch.outputs
-            for j, eco in enumerate(outs):
-                rid = eco.request_id
-                mm = step.get(rid)
-                if mm is not None:
-                    attached += 1
-                if pending:
-                    held = pending.pop(rid, None)
-                    if held:  # outputs of earlier steps the scheduler emitted nothing for (chunked prefill)
-                        mm = merge_step_outputs(held + [mm] if mm is not None else held)
-                if mm:
-                    # positional (7x cheaper than asdict + keywords): the parent's fields in order, then ours
-                    outs[j] = OmniEngineCoreOutput(*astuple(eco), mm)
-        if attached < len(step):  # some requests got no output this step: hold theirs for their next one
-            emitted = {eco.request_id for b in result.values() for eco in b.outputs}
-            for rid, mm in step.items():
-                if rid not in emitted:
-                    pending.setdefault(rid, []).append(mm)
-        if pending:
-            for rid in [r for r in pending if r not in self.requests]:  # finished or aborted: dropped
-                del pending[rid]
+        for ci, blocks in per_client.items():
+            if not blocks:
+                continue
+            batch = result.get(ci)
+            if batch is not None and batch.outputs:
+                outs = batch.outputs
+                # positional (7x cheaper than asdict + keywords): the parent's fields in order, then ours
+                outs[0] = OmniEngineCoreOutput(*astuple(outs[0]), blocks)
+            elif self.requests:  # type: ignore[attr-defined]
+                held[ci] = blocks  # no output for this front end this step: its next one carries them
         return result
+
+    def _rows_by_client(self, rows: Any) -> dict[int, list[StepRows]]:
+        """``rows`` split by the front end (``Request.client_index``) of each request (same tensors);
+        requests no longer scheduled are left out."""
+        requests = self.requests  # type: ignore[attr-defined]
+        out: dict[int, list[StepRows]] = {}
+        for ci in self._omni_clients:
+            def mine(r: str, ci: int = ci) -> bool:
+                req = requests.get(r)
+                return req is not None and getattr(req, "client_index", 0) == ci
+            out[ci] = [b.only(mine) for b in rows]
+        return out
 
 
 @functools.lru_cache(maxsize=None)
@@ -136,17 +149,29 @@ def _omni_state_cls(base: type) -> type:
 
 class OmniRequestState:
     """Mixed over vLLM's per-request ``RequestState`` (``vllm.v1.engine.output_processor``) by
-    :class:`OmniOutputProcessor`: holds the request's multimodal steps not yet handed out and sets
-    ``RequestOutput.multimodal_outputs`` on every output vLLM makes for it (``make_request_output``: the
-    outputs of ``process_outputs`` and the final one of an abort). The steps live on the state, so vLLM frees
-    them when it frees the state (request finished or aborted).
+    :class:`OmniOutputProcessor`: sets ``RequestOutput.multimodal_outputs`` on every output vLLM makes for the
+    request (``make_request_output``: the outputs of ``process_outputs`` and the final one of an abort), read
+    then from the processor's step-major log (:class:`~core.outputs.StepLog`): the request's rows of the steps
+    since its last read, folded into its :class:`~core.outputs.StepAccumulator` (new rows only are copied).
+    The accumulator lives on the state, so vLLM frees it when it frees the state (finished or aborted).
 
     ``RequestOutputKind.DELTA``: the steps since the previous output; ``CUMULATIVE`` / ``FINAL_ONLY``: every
-    step so far (a :class:`~core.outputs.StepAccumulator`: each read copies the new rows only)."""
+    step so far (``FINAL_ONLY``: read once, at finish)."""
 
     omni_steps: StepAccumulator
+    #: the output processor's log and the position in it up to which this request has read
+    omni_log: StepLog
+    omni_since: int
+
+    def omni_fold(self) -> None:
+        """Move this request's rows of the steps logged since its last read into its accumulator."""
+        log = self.omni_log
+        if self.omni_since < log.end:
+            self.omni_steps.extend(log.steps(self.request_id, self.omni_since))  # type: ignore[attr-defined]
+            self.omni_since = log.end
 
     def omni_take(self) -> dict[str, torch.Tensor]:
+        self.omni_fold()
         steps = self.omni_steps
         mm = steps.merged() if len(steps) else {}  # new rows only are copied per read (StepAccumulator)
         if getattr(self, "output_kind", None) == RequestOutputKind.DELTA:
@@ -187,12 +212,28 @@ class OmniOutputProcessor(OutputProcessor):
     (:class:`OmniRequestOutputCollector`)."""
 
     def process_outputs(self, engine_core_outputs: list[Any], *args: Any, **kwargs: Any) -> Any:
-        for eco in engine_core_outputs:
-            mm = getattr(eco, "multimodal_outputs", None)
-            state = self.request_states.get(eco.request_id) if mm else None
-            if state is not None and hasattr(state, "omni_steps"):
-                state.omni_steps.append(mm)
+        """Log the steps' multimodal outputs (carried by the first output, :class:`OmniSchedulerMixin`) once
+        per step, then vLLM's ``process_outputs``: a request reads its rows when its output is made."""
+        rows = getattr(engine_core_outputs[0], "omni_rows", None) if engine_core_outputs else None
+        if rows:
+            log = self.omni_log
+            if log is None:
+                log = self.omni_log = StepLog()
+            if len(log) >= STEP_LOG_STEPS:
+                self._omni_compact(log)
+            log.extend(rows)
         return super().process_outputs(engine_core_outputs, *args, **kwargs)
+
+    #: the step-major log of multimodal outputs the requests read from (set at the first request)
+    omni_log: StepLog | None = None
+
+    def _omni_compact(self, log: StepLog) -> None:
+        """Fold every live request's unread rows into its accumulator, then clear the log (every
+        :data:`~core.outputs.STEP_LOG_STEPS` steps: per request once per that many steps)."""
+        for state in self.request_states.values():
+            if isinstance(state, OmniRequestState) and state.omni_log is log:
+                state.omni_fold()
+        log.clear()
 
     #: runner kind of the engine this front end feeds (set by :func:`attach_omni_frontend`)
     omni_kind: str = AR
@@ -221,8 +262,12 @@ class OmniOutputProcessor(OutputProcessor):
         result = super().add_request(request, *args, **kwargs)
         state = self.request_states.get(request.request_id)
         if state is not None and not isinstance(state, OmniRequestState):
+            log = self.omni_log
+            if log is None:
+                log = self.omni_log = StepLog()
             state.__class__ = _omni_state_cls(type(state))
             state.omni_steps = StepAccumulator()
+            state.omni_log, state.omni_since = log, log.end
         return result
 
 

@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import torch
 
-from core.outputs import OmniOutput
+from core.outputs import OmniModelRunnerOutput, OmniOutput
 from core.seams import ASYNC_MODEL_RUNNER_OUTPUT, COPY_INPUTS
 
 log = logging.getLogger(__name__)
@@ -195,7 +195,7 @@ class ModelOutputAdapter:
         number of tokens, read from the persistent copy made with
         ``keep_hidden=True``) and the multimodal outputs (token-aligned ones as
         views ``[:num_tokens]`` of the persistent buffers, valid until the next
-        forward)."""
+        forward; with ``persistent=False`` the forward's own tensors)."""
         if isinstance(hidden, int):
             if self._hidden is None:
                 raise RuntimeError("no forward of the model was seen (neither eager nor a captured graph)")
@@ -207,8 +207,10 @@ class ModelOutputAdapter:
                 "graphs (set compilation_config cudagraph_mode=PIECEWISE or enforce_eager=True)"
             )
         n = int(hidden.shape[0])
-        mm = {k: self._buffers[k][:n] for k in self._tensor_keys}
-        mm.update(self._objects)
+        buffers = self._buffers
+        mm = {k: b if (b := buffers[k]).shape[0] == n else b[:n] for k in self._tensor_keys}
+        if self._objects:
+            mm.update(self._objects)
         return OmniOutput(text_hidden_states=hidden, multimodal_outputs=mm)
 
 
@@ -378,8 +380,12 @@ def omni_runner_output(out: Any, hooks: Any) -> Any:
     converts on ``get_output()``; ``None`` stays ``None``."""
     if out is None:
         return None
-    convert = functools.partial(hooks.get_model_runner_output, step=hooks.take_step_outputs())
-    base = ASYNC_MODEL_RUNNER_OUTPUT.resolve()
-    if isinstance(out, base):
-        return omni_async_output_cls(base)(out, convert)
-    return convert(out)
+    step = hooks.take_step_outputs()
+    if type(out) is not _MODEL_RUNNER_OUTPUT:  # vLLM's plain output needs no class lookup
+        base = ASYNC_MODEL_RUNNER_OUTPUT.resolve()
+        if isinstance(out, base):
+            return omni_async_output_cls(base)(out, functools.partial(hooks.get_model_runner_output, step=step))
+    return hooks.get_model_runner_output(out, step)
+
+
+_MODEL_RUNNER_OUTPUT = OmniModelRunnerOutput.__base__  # vLLM's ModelRunnerOutput

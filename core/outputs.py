@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from itertools import accumulate
+from operator import add
 from typing import Any, Callable, Iterator, NamedTuple
 
+import msgspec
 import torch
 from vllm.v1.outputs import ModelRunnerOutput
 
@@ -59,16 +62,66 @@ def flatten_multimodal(mm: dict[str, Any] | None) -> dict[str, Any]:
     return flat
 
 
+class StepRows(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
+    """One step's multimodal outputs, step-major: what travels runner -> scheduler -> front end, once per
+    step (not once per request).
+
+    - ``tensors``: name -> host tensor ``[rows, ...]``; request ``req_ids[i]``'s rows this step are
+      ``starts[i]:ends[i]`` (``ends[i] == starts[i]``: none this step, e.g. rows it emitted before).
+    - ``item_req_ids`` / ``item_names`` / ``item_values``: per-request values (a model output that is a
+      list with one entry per request), one entry each, in order.
+
+    A msgspec struct (vLLM's msgpack encoder carries its tensors across the engine-core process boundary;
+    it pickles for the multiprocess executor). Read per request with :func:`rows_per_request` or
+    :meth:`StepLog.steps`.
+    """
+
+    req_ids: list[str] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    tensors: dict[str, torch.Tensor] = {}
+    item_req_ids: list[str] = []
+    item_names: list[str] = []
+    item_values: list[torch.Tensor] = []
+
+    def only(self, keep: Callable[[str], bool]) -> "StepRows":
+        """These rows restricted to the requests for which ``keep(req_id)`` is true (the same tensors)."""
+        sel = [i for i, r in enumerate(self.req_ids) if keep(r)]
+        items = [i for i, r in enumerate(self.item_req_ids) if keep(r)]
+        return StepRows([self.req_ids[i] for i in sel], [self.starts[i] for i in sel], [self.ends[i] for i in sel],
+                        self.tensors, [self.item_req_ids[i] for i in items], [self.item_names[i] for i in items],
+                        [self.item_values[i] for i in items])
+
+
+def rows_per_request(blocks: list[StepRows]) -> dict[str, dict[str, torch.Tensor]]:
+    """``req_id -> name -> tensor`` of one step's :class:`StepRows` (views of the step's host tensors; a name a
+    request has twice is concatenated along dim 0, a 0-d value replaced). A request without rows gets no entry."""
+    items: dict[str, dict[str, torch.Tensor]] = {}
+    for b in blocks:
+        for name, host in b.tensors.items():
+            for r, s, e in zip(b.req_ids, b.starts, b.ends):
+                if e > s:
+                    _put(items, r, name, host[s:e])
+        for r, name, v in zip(b.item_req_ids, b.item_names, b.item_values):
+            _put(items, r, name, v)
+    return items
+
+
 @dataclasses.dataclass
 class OmniModelRunnerOutput(ModelRunnerOutput):
     """vLLM's ``ModelRunnerOutput`` plus this step's multimodal outputs.
 
-    ``multimodal_outputs``: req_id -> name -> CPU tensor for *this step*
-    (per-token outputs have first dim = tokens scheduled for the request in
-    this step). The scheduler carries them to the engine's output.
+    ``omni_rows``: the step's outputs step-major (:class:`StepRows`: one host tensor per name and each
+    request's row range), which the scheduler forwards as they are. ``multimodal_outputs``: the same as
+    ``req_id -> name -> CPU tensor`` (per-token outputs have first dim = the request's new rows this step),
+    built when read.
     """
 
-    multimodal_outputs: dict[str, dict[str, torch.Tensor]] = dataclasses.field(default_factory=dict)
+    omni_rows: list[StepRows] = dataclasses.field(default_factory=list)
+
+    @property
+    def multimodal_outputs(self) -> dict[str, dict[str, torch.Tensor]]:
+        return rows_per_request(self.omni_rows)
 
 
 def merge_step_outputs(steps: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -83,33 +136,51 @@ def merge_step_outputs(steps: list[dict[str, torch.Tensor]]) -> dict[str, torch.
 
 
 class StepOutputs(Mapping):
-    """One step's multimodal outputs, ``req_id -> name -> CPU tensor``, built on first read.
+    """One step's multimodal outputs as the runner collects them; handed over step-major (:meth:`rows`).
 
-    The runner adds whole-step tensors (:meth:`add_rows`: one host tensor ``[num_tokens, ...]`` per name
-    and each request's row count, so a request's output is a zero-copy view of its rows) and per-request
-    values (:meth:`add_item`); a device-to-host copy still in flight is fenced by :meth:`add_fence`
-    (called before the first read). A name added twice for a request in one step is concatenated along
-    dim 0 (a 0-d value replaced). Read-only as a ``Mapping``; reading waits for the fences.
+    The runner adds whole-step tensors (:meth:`add_rows`: one host tensor ``[num_tokens, ...]`` per name and
+    each request's row count) and per-request values (:meth:`add_item`); a device-to-host copy still in
+    flight is fenced by :meth:`add_fence` (waited for before the first read). :meth:`rows` gives the step as
+    :class:`StepRows` (what the runner output carries); read as a ``Mapping`` it is ``req_id -> name -> CPU
+    tensor`` (zero-copy views of the requests' rows; a name added twice for a request in one step is
+    concatenated along dim 0, a 0-d value replaced), built when read.
     """
 
-    __slots__ = ("_parts", "_fences", "_items")
+    __slots__ = ("_parts", "_fences", "_items", "_dropped", "_rows", "_built")
 
     def __init__(self) -> None:
-        self._parts: list[tuple] = []
+        self._parts: list[StepRows] = []
         self._fences: list[Callable[[], Any]] = []
-        self._items: dict[str, dict[str, torch.Tensor]] | None = None
+        self._items: tuple[list[str], list[str], list[torch.Tensor]] | None = None
+        self._dropped: set[str] = set()
+        self._rows: list[StepRows] | None = None
+        self._built: dict[str, dict[str, torch.Tensor]] | None = None
 
     def add_rows(self, req_ids: list[str], lengths: list[int], tensors: dict[str, torch.Tensor],
                  skip: list[int] | None = None) -> None:
         """``tensors``: name -> host tensor whose first ``sum(lengths)`` rows are the requests' rows in
         order; request ``i`` gets rows ``skip[i]:`` of its ``lengths[i]`` (``skip``: rows it emitted
         before; ``None``: none). A request left with no rows gets no entry."""
+        ends = list(accumulate(lengths))
+        starts = [0, *ends[:-1]]
+        if skip is not None:
+            starts = list(map(min, map(add, starts, skip), ends))
+        self.add_spans(req_ids, starts, ends, tensors)
+
+    def add_spans(self, req_ids: list[str], starts: list[int], ends: list[int],
+                  tensors: dict[str, torch.Tensor]) -> None:
+        """``tensors``: name -> host tensor; request ``req_ids[i]`` gets its rows ``starts[i]:ends[i]``."""
         if tensors:
-            self._parts.append((req_ids, lengths, tensors, skip))
+            self._parts.append(StepRows(req_ids, starts, ends, tensors))
+            self._rows = self._built = None
 
     def add_item(self, req_id: str, name: str, value: torch.Tensor) -> None:
         """Request ``req_id``'s ``name`` this step (a per-request value, already on the host)."""
-        self._parts.append((req_id, name, value))
+        if self._items is None:
+            self._items = ([], [], [])
+        for column, v in zip(self._items, (req_id, name, value)):
+            column.append(v)
+        self._rows = self._built = None
 
     def add_fence(self, wait: Callable[[], Any]) -> None:
         """``wait()`` runs before the first read (e.g. an event's ``synchronize``)."""
@@ -118,59 +189,50 @@ class StepOutputs(Mapping):
     def drop(self, req_ids: Any) -> None:
         """Forget the outputs of ``req_ids`` (finished or aborted before the step was handed over)."""
         if self._parts or self._items:
-            items = self._build()
-            for r in req_ids:
-                items.pop(r, None)
+            self._dropped.update(req_ids)
+            self._rows = self._built = None
 
-    def _build(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Fold the parts added since the last read into the per-request dicts (after the fences)."""
-        items = self._items
-        if items is None:
-            items = self._items = {}
-        if not self._parts:
-            return items
+    def empty(self) -> bool:
+        """True when nothing was added (reads nothing, waits for nothing)."""
+        return not (self._parts or self._items)
+
+    def rows(self) -> list[StepRows]:
+        """The step step-major, after the fences: one :class:`StepRows` per :meth:`add_rows` call (and one
+        for the per-request values), dropped requests left out."""
+        if self._rows is not None:
+            return self._rows
         fences, self._fences = self._fences, []
         for wait in fences:
             wait()
-        parts, self._parts = self._parts, []
-        for part in parts:
-            if len(part) == 3:
-                _put(items, *part)
-                continue
-            req_ids, lengths, tensors, skip = part
-            total = sum(lengths)
-            for name, host in tensors.items():
-                views = host[:total].split(lengths)
-                if skip is None and not items:  # the step's first part: one dict per request, at once
-                    items.update((r, {name: v}) for r, n, v in zip(req_ids, lengths, views) if n)
-                elif skip is None:
-                    for r, n, v in zip(req_ids, lengths, views):
-                        if n:
-                            _put(items, r, name, v)
-                else:
-                    for r, n, k, v in zip(req_ids, lengths, skip, views):
-                        if n > k:
-                            _put(items, r, name, v[k:] if k else v)
-        return items
+        rows = list(self._parts)
+        if self._items is not None:
+            rows.append(StepRows(item_req_ids=self._items[0], item_names=self._items[1], item_values=self._items[2]))
+        dropped = self._dropped
+        if dropped:
+            rows = [b.only(lambda r: r not in dropped) for b in rows]
+        self._rows = rows
+        return rows
 
     def as_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         """The built ``req_id -> name -> tensor`` dict itself (live: do not change it)."""
-        return self._build()
+        if self._built is None:
+            self._built = rows_per_request(self.rows()) if not self.empty() else {}
+        return self._built
 
     def __bool__(self) -> bool:
-        return bool(self._parts or self._items) and bool(self._build())
+        return not self.empty() and bool(self.as_dict())
 
     def __getitem__(self, req_id: str) -> dict[str, torch.Tensor]:
-        return self._build()[req_id]
+        return self.as_dict()[req_id]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._build())
+        return iter(self.as_dict())
 
     def __len__(self) -> int:
-        return len(self._build()) if self._parts or self._items else 0
+        return len(self.as_dict())
 
     def __repr__(self) -> str:
-        return f"StepOutputs({self._build()!r})"
+        return f"StepOutputs({self.as_dict()!r})"
 
 
 def _put(items: dict[str, dict[str, torch.Tensor]], req_id: str, name: str, value: torch.Tensor) -> None:
@@ -205,6 +267,9 @@ class StepAccumulator:
 
     def append(self, step: dict[str, torch.Tensor]) -> None:
         self._pending.append(step)
+
+    def extend(self, steps: list[dict[str, torch.Tensor]]) -> None:
+        self._pending.extend(steps)
 
     def __len__(self) -> int:
         return len(self._pending) + len(self._bufs) + len(self._single)
@@ -250,3 +315,155 @@ class StepAccumulator:
         else:
             torch.cat(values, out=buf[rows : rows + add])
         self._rows[key] = rows + add
+
+
+class StepLog:
+    """The front end's log of the engine's steps (:class:`StepRows`, in the order they arrived), read per
+    request only when that request's output is made (:meth:`steps`).
+
+    Positions count the :class:`StepRows` logged since the log began (usually one per step): :attr:`end` is
+    where the next goes; a reader keeps the ``end`` of its last read and passes it as ``since``. :meth:`clear` forgets the steps logged so far
+    (``end`` stays): the caller first folds what every live reader has not read yet (the output processor,
+    every :data:`STEP_LOG_STEPS` steps), so the log holds a bounded number of steps.
+
+    A step's tensors are held as rows of a slab: the runner's :class:`HostSlabs` slab itself for a tensor the
+    runner's slabs made in this process (an in-process engine: no copy), else a copy into the log's own slabs
+    (tensors decoded from vLLM's multiprocess transport, one per step). A request's rows over many steps are then
+    one ``index_select`` per slab (``FINAL_ONLY``: once, at its finish), not a view per step.
+    """
+
+    __slots__ = ("_blocks", "_slabs", "start")
+
+    def __init__(self) -> None:
+        self._blocks: list[tuple] = []  # (req_id -> (start, end), name -> (slab, first row), per-request values)
+        self._slabs = HostSlabs()
+        #: position of the first step still held
+        self.start = 0
+
+    @property
+    def end(self) -> int:
+        """Position after the last step logged."""
+        return self.start + len(self._blocks)
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def extend(self, blocks: list[StepRows]) -> None:
+        """Log one engine step's :class:`StepRows` (their tensors as slab rows; the blocks are not kept). Per
+        step: a ``req_id -> (start, end)`` dict (built in C), and a copy per name unless the tensor is already
+        slab rows."""
+        for b in blocks:
+            where = {name: getattr(t, "_omni_slab", None) or self._slabs.place(t) for name, t in b.tensors.items()}
+            rows = dict(zip(b.req_ids, zip(b.starts, b.ends)))
+            items = (_positions(b.item_req_ids), b.item_names, b.item_values) if b.item_req_ids else None
+            self._blocks.append((rows, where, items))
+
+    def clear(self) -> None:
+        """Forget the steps logged so far (their readers must have read them)."""
+        self.start = self.end
+        self._blocks = []
+
+    def steps(self, req_id: str, since: int) -> list[dict[str, torch.Tensor]]:
+        """``req_id``'s outputs in the steps logged at positions ``since`` and after, in order, as a list of
+        ``name -> tensor`` dicts (concatenated along dim 0 they are the request's rows of those steps): the
+        token-aligned rows of all those steps first (a view for one step's rows, else gathered), then the
+        per-request values step by step. Raises ``ValueError`` if ``since`` is before :attr:`start` (those
+        steps were cleared unread)."""
+        if since < self.start:
+            raise ValueError(f"request {req_id}: steps {since}..{self.start - 1} were cleared before it read them")
+        runs: list[tuple[dict, int, int]] = []
+        items: list[dict[str, torch.Tensor]] = []
+        for rows, where, per_request in self._blocks[since - self.start :]:
+            se = rows.get(req_id)
+            if se is not None and se[1] > se[0]:
+                runs.append((where, se[0], se[1]))
+            if per_request is not None and req_id in per_request[0]:
+                step: dict[str, torch.Tensor] = {}
+                for p in per_request[0][req_id]:
+                    name, value = per_request[1][p], per_request[2][p]
+                    step[name] = torch.cat([step[name], value]) if name in step and value.dim() > 0 else value
+                items.append(step)
+        if not runs:
+            return items
+        names = runs[0][0]
+        if items and any(name in names for step in items for name in step):
+            return self._per_step(runs) + items  # a name both per token and per request: per-step order
+        return [{name: _gather([(w[name], s, e) for w, s, e in runs]) for name in names}] + items
+
+    @staticmethod
+    def _per_step(parts: list[tuple[dict, int, int]]) -> list[dict[str, torch.Tensor]]:
+        return [{name: slab[off + s : off + e] for name, (slab, off) in w.items()} for w, s, e in parts]
+
+
+def _gather(runs: list[tuple[tuple[torch.Tensor, int], int, int]]) -> torch.Tensor:
+    """Rows ``off + s : off + e`` of each run's slab, concatenated: a view for one run, one ``index_select``
+    per slab otherwise."""
+    if len(runs) == 1:
+        (slab, off), s, e = runs[0]
+        return slab[off + s : off + e]
+    out: list[torch.Tensor] = []
+    i = 0
+    while i < len(runs):
+        slab = runs[i][0][0]
+        rows: list[int] = []
+        while i < len(runs) and runs[i][0][0] is slab:
+            (_, off), s, e = runs[i]
+            if e - s == 1:
+                rows.append(off + s)
+            else:
+                rows.extend(range(off + s, off + e))
+            i += 1
+        out.append(slab.index_select(0, torch.tensor(rows, dtype=torch.long)))
+    return out[0] if len(out) == 1 else torch.cat(out)
+
+
+def _positions(keys: list[str]) -> dict[str, list[int]]:
+    pos: dict[str, list[int]] = {}
+    for i, k in enumerate(keys):
+        pos.setdefault(k, []).append(i)
+    return pos
+
+
+#: steps the front end's :class:`StepLog` holds before it folds them into the live requests' accumulators
+STEP_LOG_STEPS = 64
+
+
+class HostSlabs:
+    """Host memory for the steps' outputs: rows are copied into a few large slabs (one open slab per trailing
+    shape and dtype, append-only), each step's rows a view of one slab, instead of one new tensor per step.
+
+    Why: a step's host copy lives until every request that has rows in it read them (``FINAL_ONLY``: at its
+    finish, many steps later); one allocation per step kept that long made vLLM's own forward measurably
+    slower on cpu (batch 64: 7 % of the model's time, 2026-12-02, ``bench/RESULTS.md``), and a page-locked
+    allocation per step costs a driver call. A slab is never written twice: when its rows are used up a new
+    one is opened (``max(rows, n)`` rows), the old one freed by the allocator once no view of it is left.
+    ``pin``: page-locked slabs (for non-blocking device-to-host copies).
+    """
+
+    __slots__ = ("rows", "pin", "_open")
+
+    def __init__(self, rows: int = 4096, pin: bool = False) -> None:
+        self.rows, self.pin = int(rows), pin
+        self._open: dict[tuple, list] = {}  # (trailing shape, dtype) -> [slab, next free row]
+
+    def copy(self, t: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+        """A host view ``[n, ...]`` holding ``t``'s rows (``t``: ``[n, ...]``, any device); ``non_blocking``:
+        the copy may still be in flight (the caller fences it)."""
+        slab, at = self.place(t, non_blocking)
+        view = slab[at : at + int(t.shape[0])]
+        view._omni_slab = (slab, at)  # type: ignore[attr-defined]  # read by StepLog.extend (same process only)
+        return view
+
+    def place(self, t: torch.Tensor, non_blocking: bool = False) -> tuple[torch.Tensor, int]:
+        """:meth:`copy` as ``(slab, first row)``. (A view :meth:`copy` returns carries that pair as its
+        ``_omni_slab`` attribute, a Python attribute that does not survive serialisation.)"""
+        n = int(t.shape[0])
+        key = (t.shape[1:], t.dtype)
+        entry = self._open.get(key)
+        if entry is None or entry[1] + n > entry[0].shape[0]:
+            slab = torch.empty((max(self.rows, n), *t.shape[1:]), dtype=t.dtype, pin_memory=self.pin)
+            entry = self._open[key] = [slab, 0]
+        slab, at = entry
+        slab[at : at + n].copy_(t, non_blocking=non_blocking)
+        entry[1] = at + n
+        return slab, at

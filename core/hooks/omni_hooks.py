@@ -25,6 +25,7 @@ from itertools import repeat
 from operator import add, gt, sub
 from typing import Any, Callable, Iterable
 
+import numpy as np
 import torch
 
 from core.hooks.batch import BatchView
@@ -32,7 +33,7 @@ from core.hooks.contract import ModelContract, read_contract
 from core.hooks.graphs import graphs_enabled, no_full_graphs
 from core.hooks.talker_mtp import TalkerMTP, request_generator
 from core.kinds import AR, GENERATION, KINDS
-from core.outputs import OmniModelRunnerOutput, StepOutputs, as_omni_output, flatten_multimodal
+from core.outputs import HostSlabs, OmniModelRunnerOutput, StepOutputs, StepRows, as_omni_output, flatten_multimodal
 from core.payloads import EXTRA_ARGS_KEY, PayloadStore, unpack
 from core.seams import CUDAGRAPH_MODE
 from omni_backends.backend import Backend
@@ -57,8 +58,11 @@ class OmniHooks:
         self.kind = kind
         self.model: Any = None
         self.contract: ModelContract = read_contract(None)
-        self.payloads = PayloadStore((), self._to_device, lambda t: self.backend.to_host(t))
+        self.payloads = _Payloads((), self._to_device, lambda t: self.backend.to_host(t))
         self._step_outputs = StepOutputs()
+        #: host memory of the steps' outputs (page-locked slabs made on the first device copy)
+        self._slabs = HostSlabs()
+        self._pinned_slabs: HostSlabs | None = None
         #: the forward takes vLLM-Omni's per-request state kwargs (set by :meth:`bind_model`)
         self.passes_request_state = True
         #: req_id -> number of token positions whose outputs were already emitted
@@ -212,7 +216,8 @@ class OmniHooks:
         ``preprocess``, or a request with ``prompt_embeds`` has prompt rows."""
         if self.uses_preprocess:
             return batch.num_reqs > 0
-        if not len(self.payloads) or not (batch.num_computed < batch.num_prompt).any():  # e.g. decode-only steps
+        # no live request was given prompt_embeds (the common case: no per-step numpy work), or decode-only steps
+        if not self.payloads.with_embeds or not (batch.num_computed < batch.num_prompt).any():
             return False
         return any(
             isinstance(self.payloads.get(r).get("prompt_embeds"), torch.Tensor) and batch.prefill_rows(i)[2] > 0
@@ -385,26 +390,28 @@ class OmniHooks:
         return hidden
 
     def _collect(self, flat: dict[str, Any], batch: BatchView) -> None:
-        """This step's outputs into :class:`~core.outputs.StepOutputs`: one host copy per token-aligned
-        tensor for the whole step (non-blocking into page-locked memory where the driver's D2H copies are
-        stream-ordered, fenced by one event; the per-request views are cut when the step is read), each
-        request's rows past those it emitted before; per-request list items as they are."""
-        num_tokens, n = batch.num_tokens, batch.num_reqs
+        """This step's outputs into :class:`~core.outputs.StepOutputs`, step-major: one host copy per
+        token-aligned tensor for the whole step (non-blocking into page-locked memory where the driver's D2H
+        copies are stream-ordered, fenced by one event) with each request's row range, past the rows it
+        emitted before; per-request list items as they are. Nothing is cut per request here: the front end
+        slices a request's rows when its output is read. The host copies go into :class:`~core.outputs.HostSlabs`
+        (a few large host buffers, rows appended), not one new tensor per step."""
         req_ids = batch.req_ids
+        n = len(req_ids)
         emitted = self._emitted
-        # C-level maps over the batch (per request: rows this step, rows emitted before, the new watermark)
-        qsl = [s for s, _ in batch.spans] + [num_tokens]
-        lengths = list(map(sub, qsl[1:], qsl[:-1]))
-        first = batch.num_computed[:n].tolist()
+        qsl = _ints(batch.query_start_loc, n + 1)
+        num_tokens = qsl[-1] if n else 0
+        starts, ends = qsl[:-1], qsl[1:]
+        # C-level maps over the batch: rows emitted before, the new watermark (position after this step's rows)
+        first = _ints(batch.num_computed, n)
         done = list(map(emitted.get, req_ids, repeat(0, n)))
-        emitted.update(zip(req_ids, map(max, done, map(add, first, lengths))))
-        skip = None
+        emitted.update(zip(req_ids, map(max, done, map(add, first, map(sub, ends, starts)))))
         if any(map(gt, done, first)):  # positions emitted before (recomputed after preemption): skip them
-            skip = [min(max(d - f, 0), rows) for d, f, rows in zip(done, first, lengths)]
+            starts = [min(s + max(d - f, 0), e) for s, e, d, f in zip(starts, ends, done, first)]
         step, tensors, fenced = self._step_outputs, {}, False
         for key, value in flat.items():
-            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] >= num_tokens:
-                host, in_flight = self._host_copy(value[:num_tokens])
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and (rows := value.shape[0]) >= num_tokens:
+                host, in_flight = self._host_copy(value[:num_tokens] if rows != num_tokens else value)
                 tensors[key] = host
                 fenced |= in_flight
             elif isinstance(value, (list, tuple)) and len(value) == n:
@@ -415,7 +422,7 @@ class OmniHooks:
                     self._add(req_id, key, _owned(self.backend.to_host(t), t))
         if fenced:
             step.add_fence(self._record_fence())
-        step.add_rows(req_ids, lengths, tensors, skip)
+        step.add_spans(req_ids, starts, ends, tensors)
 
     def _add(self, req_id: str, key: str, value: torch.Tensor) -> None:
         """One request's ``key`` this step (a host tensor; a second one in the step is concatenated)."""
@@ -423,14 +430,16 @@ class OmniHooks:
 
     def _host_copy(self, t: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """``(host tensor, in flight)``: a CPU copy of ``t`` (which lives in a buffer the next forward
-        overwrites); in flight: a non-blocking copy into page-locked memory, read after the step's fence."""
-        if t.device.type == "cpu":
-            return t.clone(), False
+        overwrites, or is the model's own tensor), rows of a :class:`~core.outputs.HostSlabs` slab; in flight: a
+        non-blocking copy into page-locked slab rows, read after the step's fence."""
+        if t.is_cpu:
+            return self._slabs.copy(t), False
         caps = self.backend.capabilities()
         if caps.d2h_stream_ordered and caps.pinned_memory:
-            out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            out.copy_(t, non_blocking=True)
-            return out, True
+            pinned = self._pinned_slabs
+            if pinned is None:
+                pinned = self._pinned_slabs = HostSlabs(pin=True)
+            return pinned.copy(t, non_blocking=True), True
         return _owned(self.backend.to_host(t), t), False
 
     def _record_fence(self) -> Callable[[], Any]:
@@ -450,25 +459,72 @@ class OmniHooks:
         step, self._step_outputs = self._step_outputs, StepOutputs()
         return step
 
-    def get_model_runner_output(self, base: Any, step: dict[str, dict[str, torch.Tensor]] | None = None) -> Any:
-        """Wrap vLLM's ``ModelRunnerOutput`` into an :class:`OmniModelRunnerOutput`
-        carrying this step's multimodal outputs for the requests in it
-        (``step``: outputs taken earlier with :meth:`take_step_outputs`)."""
+    def get_model_runner_output(self, base: Any, step: Any = None) -> Any:
+        """Wrap vLLM's ``ModelRunnerOutput`` into an :class:`OmniModelRunnerOutput` carrying this step's
+        multimodal outputs step-major (``omni_rows``: :class:`~core.outputs.StepRows`, the step's host tensors
+        with each request's row range; waits for the step's copies) for the requests in it. ``step``: outputs
+        taken earlier with :meth:`take_step_outputs` (or a ``req_id -> name -> tensor`` mapping); ``base``
+        itself when there are none."""
         if step is None:
             step = self.take_step_outputs()
-        if not step or not hasattr(base, "req_ids"):
+        if not hasattr(base, "req_ids"):
             return base
-        index = base.req_id_to_index
-        items = step.as_dict() if isinstance(step, StepOutputs) else step
-        mm = items if items.keys() <= index.keys() else {r: v for r, v in items.items() if r in index}
+        if isinstance(step, StepOutputs):
+            if step.empty():
+                return base
+            rows = step.rows()
+        else:
+            if not step:
+                return base
+            rows = [_rows_of(step)]
+        req_ids, index = base.req_ids, base.req_id_to_index
+        if any((b.req_ids != req_ids and not index.keys() >= set(b.req_ids))
+               or (b.item_req_ids and not index.keys() >= set(b.item_req_ids)) for b in rows):
+            rows = [b.only(index.__contains__) for b in rows]  # requests not in vLLM's output: left out
         if type(base) is OmniModelRunnerOutput.__base__ and hasattr(base, "__dict__"):
             # vLLM's own ModelRunnerOutput (a plain dataclass): its fields as they are, plus ours
             out = OmniModelRunnerOutput.__new__(OmniModelRunnerOutput)
             out.__dict__.update(base.__dict__)
-            out.multimodal_outputs = mm
+            out.omni_rows = rows
             return out
         fields = {name: getattr(base, name) for name in _field_names(type(base))}
-        return OmniModelRunnerOutput(**fields, multimodal_outputs=mm)
+        return OmniModelRunnerOutput(**fields, omni_rows=rows)
+
+
+def _rows_of(items: Any) -> StepRows:
+    """A ``req_id -> name -> tensor`` mapping as one :class:`~core.outputs.StepRows` of per-request values."""
+    reqs, names, values = [], [], []
+    for r, step in items.items():
+        for name, v in step.items():
+            reqs.append(r)
+            names.append(name)
+            values.append(v)
+    return StepRows(item_req_ids=reqs, item_names=names, item_values=values)
+
+
+def _ints(values: Any, n: int) -> list[int]:
+    """The first ``n`` of ``values`` (a numpy array, as a ``BatchView`` holds them, or a sequence) as ints."""
+    out = values.tolist() if isinstance(values, np.ndarray) else list(values)
+    return out if len(out) == n else out[:n]
+
+
+class _Payloads(PayloadStore):
+    """The hooks' :class:`~core.payloads.PayloadStore`, knowing which live requests were given
+    ``prompt_embeds`` (``with_embeds``), so a step of a batch without any does no per-request work for them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.with_embeds: set[str] = set()
+
+    def put(self, req_id: str, update: dict[str, Any] | None) -> dict[str, Any]:
+        if update and "prompt_embeds" in update:
+            self.with_embeds.add(req_id)
+        return super().put(req_id, update)
+
+    def free(self, req_ids: Iterable[str]) -> None:
+        req_ids = list(req_ids)
+        self.with_embeds.difference_update(req_ids)
+        super().free(req_ids)
 
 
 def _owned(host: torch.Tensor, source: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,9 @@ class OmniDemoThinker(LlamaForCausalLM):
 
     have_multimodal_outputs = True
 
-    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs: Any):
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+        # only what it reads (as LlamaForCausalLM.forward): the omni hooks then build none of vLLM-Omni's
+        # per-request kwargs for it (core.hooks.contract: ModelContract.forward_params)
         hidden = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
         return OmniOutput(text_hidden_states=hidden, multimodal_outputs={"hidden": hidden})
 

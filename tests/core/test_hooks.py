@@ -527,20 +527,21 @@ def test_a_stock_vllm_model_needs_no_omni_hooks_on_either_runner():
 def test_omni_engine_core_output_appends_one_field_to_vllms():
     """OmniScheduler builds OmniEngineCoreOutput positionally from
     ``msgspec.structs.astuple(EngineCoreOutput)``: that needs vLLM's fields,
-    in vLLM's order, followed by ours alone."""
+    in vLLM's order, followed by ours alone (the step-major rows)."""
     import msgspec
     from vllm.v1.engine import EngineCoreOutput
 
     from core.engine import OmniEngineCoreOutput
+    from core.outputs import StepRows
 
     base = [f.name for f in msgspec.structs.fields(EngineCoreOutput)]
     ours = [f.name for f in msgspec.structs.fields(OmniEngineCoreOutput)]
-    assert ours == base + ["multimodal_outputs"]
+    assert ours == base + ["omni_rows"]
     eco = EngineCoreOutput(request_id="r-1", new_token_ids=[5, 6], finish_reason=None, stop_reason="x")
-    mm = {"hidden": torch.ones(2, 3)}
-    out = OmniEngineCoreOutput(*msgspec.structs.astuple(eco), mm)
+    rows = [StepRows(["r-1"], [0], [2], {"hidden": torch.ones(2, 3)})]
+    out = OmniEngineCoreOutput(*msgspec.structs.astuple(eco), rows)
     assert msgspec.structs.astuple(out)[:-1] == msgspec.structs.astuple(eco)
-    assert out.multimodal_outputs is mm and out.request_id == "r-1" and out.stop_reason == "x"
+    assert out.omni_rows is rows and out.request_id == "r-1" and out.stop_reason == "x"
 
 
 def test_recomputed_positions_after_preemption_are_not_emitted_twice():
