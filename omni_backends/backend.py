@@ -388,6 +388,12 @@ class Backend(abc.ABC):
         Default: none."""
         return {}
 
+    def vllm_env_defaults(self) -> dict[str, str]:
+        """Environment variables this driver's vLLM engines need unless the user set them: written into the
+        environment of this process and its children by the selection (``export_selection``), never over a
+        value already there. Default: none."""
+        return {}
+
     def check_vllm_platform(self) -> None:
         """Raise :class:`~omni_backends.errors.PlatformMismatchError` if vLLM's
         ``current_platform.device_type`` is not ``vllm_device_type``."""

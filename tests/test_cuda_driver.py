@@ -190,3 +190,16 @@ def test_probe_and_placement_read_cuda_visible_devices_alike(monkeypatch, visibl
         assert r.state is ProbeState.USABLE and r.device_count == len(ids)
     else:
         assert r.state is ProbeState.IMPORTABLE and "hides every GPU" in r.reason
+
+
+def test_cuda_engines_run_without_vllms_aot_compile_cache_unless_the_user_chose():
+    # the H200, vLLM 0.26 (ci/logs/h200-2026-12-02-s30-*): the talker engine failed at every warm start from vLLM's
+    # AOT compile cache (4 of 5 main jobs exit 3); with it off five main jobs exit 0 with identical out.wav
+    from omni_backends.registry import Selection, export_selection
+
+    sel = Selection("cuda", "explicit", "--device", [], [], {}, backend=CudaBackend())
+    env: dict[str, str] = {}
+    export_selection(sel, env)
+    assert env["VLLM_USE_AOT_COMPILE"] == "0" and env["VLLM_TARGET_DEVICE"] == "cuda"
+    env = {"VLLM_USE_AOT_COMPILE": "1"}
+    assert "VLLM_USE_AOT_COMPILE" not in export_selection(sel, env) and env["VLLM_USE_AOT_COMPILE"] == "1"

@@ -294,3 +294,16 @@ class CudaBackend(TorchAcceleratorBackend, VllmUpstreamBackend):
     def vllm_platform_env(self) -> dict[str, str]:
         """``VLLM_TARGET_DEVICE=cuda`` so vLLM resolves its CUDA platform (NVML-detected)."""
         return {"VLLM_TARGET_DEVICE": "cuda"}
+
+    def vllm_env_defaults(self) -> dict[str, str]:
+        """``VLLM_USE_AOT_COMPILE=0``: vLLM's AOT compile cache off, Inductor's own compile cache kept.
+
+        Measured on the H200 (vLLM 0.26.0, torch 2.11, 2026-12-01/02, ``ci/logs/h200-2026-12-02-s30-*``): an
+        engine of a model whose compiled decoder takes ``inputs_embeds`` with ``input_ids=None`` (the demo
+        talker) started from a warm AOT cache fails in its first dummy run at the first GEMM of the loaded graph
+        (``CUBLAS_STATUS_INTERNAL_ERROR`` in ``cublasCreate``, or ``..._EXECUTION_FAILED`` when a cuBLAS handle
+        exists): 4 of 4 main jobs after the first, and every warm probe. Cold starts and the thinker's warm
+        starts pass. With AOT compile off, five main jobs back to back all exit 0 with identical ``out.wav``
+        and warm engine starts of 31-43 s. Newer vLLM versions are not measured: the default stays until one
+        is. A user's ``VLLM_USE_AOT_COMPILE`` wins."""
+        return {"VLLM_USE_AOT_COMPILE": "0"}

@@ -22,8 +22,8 @@ def export_selection(sel: Selection, env: dict[str, str] | None = None) -> dict[
     hid because they raise on import, so workers hide them too; when there are
     any, ``omni_backends/hide_site`` goes first on ``PYTHONPATH``: its
     ``sitecustomize`` hides them in fresh interpreters that do not import
-    omni_backends first) and the driver's ``vllm_platform_env()``. Returns what
-    was set.
+    omni_backends first), the driver's ``vllm_platform_env()`` and, where
+    ``env`` has no value yet, its ``vllm_env_defaults()``. Returns what was set.
     """
     from omni_backends.probing import ENV_HIDDEN, hidden_vendor_packages
 
@@ -39,6 +39,7 @@ def export_selection(sel: Selection, env: dict[str, str] | None = None) -> dict[
         values["PYTHONPATH"] = os.pathsep.join([shim, *path])
     if sel.backend is not None:
         values.update(sel.backend.vllm_platform_env())
+        values.update({k: v for k, v in sel.backend.vllm_env_defaults().items() if k not in env})
     env.update(values)
     return values
 

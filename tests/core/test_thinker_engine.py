@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from tests.core.precision import reference_settings, tolerance
+from tests.core.precision import COMPILED_APART_LOGPROB_ATOL, compiled_apart, reference_settings, tolerance
 from tests.core.reference import reference_hidden
 
 pytestmark = [pytest.mark.engine_tier, pytest.mark.slow]
@@ -34,13 +34,17 @@ def _check_variant(result: dict, device: str, variant: str) -> None:
 
 
 def test_same_tokens_and_logprobs_as_stock_vllm(run_scenario, test_device, variant):
-    """The same model class and weights under vLLM's stock runner and under the omni runner, the same batches
-    step for step (``generate_as_one_batch``): identical tokens and logprobs, bit for bit."""
+    """The omni demo thinker (an ``LlamaForCausalLM`` subclass returning ``OmniOutput``) under the omni runner and
+    stock ``LlamaForCausalLM`` with the same weights under vLLM's stock runner, the same batches step for step
+    (``generate_as_one_batch``): identical tokens and logprobs, bit for bit -- except where the two classes'
+    engines each compile their own graph (a GPU's graph variants): then tokens equal and logprobs within what two
+    compilations of one model differ by (``tests/core/precision.py``, ``compiled_apart``)."""
     stock_run = run_scenario("stock-thinker", variant=variant)
     omni_run = run_scenario("omni-thinker", variant=variant)
     _check_variant(omni_run, test_device, variant)
     assert stock_run["config"] == omni_run["config"], "stock and omni engines must run the same vLLM configuration"
-    _assert_same_outputs(stock_run["outputs"], omni_run["outputs"])
+    _assert_same_outputs(stock_run["outputs"], omni_run["outputs"],
+                         atol=COMPILED_APART_LOGPROB_ATOL if compiled_apart(omni_run["config"], test_device) else 0.0)
 
 
 def test_a_stock_model_on_the_omni_runner_gives_stock_tokens_and_logprobs(run_scenario, test_device, variant):
@@ -62,14 +66,19 @@ def test_a_stock_model_on_the_omni_runner_gives_stock_tokens_and_logprobs(run_sc
             assert w["model_state_mro"] is None and o["model_state_mro"] is None, (w, o)
 
 
-def _assert_same_outputs(stock: list, omni: list) -> None:
+def _assert_same_outputs(stock: list, omni: list, atol: float = 0.0) -> None:
+    """Tokens equal; logprobs bit for bit (``atol=0``), or within ``atol`` with the same top-logprob token ids."""
     assert len(stock) == len(omni) == 8
     lengths = {len(o["prompt_token_ids"]) for o in omni}
     assert len(lengths) >= 3, "prompts must differ in length"
     for s, o in zip(stock, omni):
         assert o["token_ids"] == s["token_ids"], (s["request_id"], s["token_ids"], o["token_ids"])
         assert len(o["logprobs"]) == len(s["logprobs"]) == len(s["token_ids"])
-        assert o["logprobs"] == s["logprobs"], (s["request_id"], _max_logprob_difference(s, o))
+        if atol == 0.0:
+            assert o["logprobs"] == s["logprobs"], (s["request_id"], _max_logprob_difference(s, o))
+        else:
+            assert [[t for t, _ in ls] for ls in o["logprobs"]] == [[t for t, _ in ls] for ls in s["logprobs"]]
+            assert _max_logprob_difference(s, o) <= atol, (s["request_id"], _max_logprob_difference(s, o))
     # the batch really mixes greedy and seeded random sampling, with different lengths
     assert {len(o["token_ids"]) for o in omni} == {3, 5, 9, 12}
     assert omni[1]["token_ids"] != omni[5]["token_ids"], "seeded random sampling should differ from greedy here"
@@ -129,7 +138,11 @@ def test_multiprocess_engine_reuses_the_parent_driver(run_scenario, test_device,
         {k: v for k, v in mp["config"].items() if k != "multiprocess"}
     for a, b in zip(inproc["outputs"], mp["outputs"]):
         assert a["token_ids"] == b["token_ids"]
-        if same_config:
+        if same_config and compiled_apart(inproc["config"], test_device):  # two compile caches: tests/core/precision.py
+            assert _max_logprob_difference(a, b) <= COMPILED_APART_LOGPROB_ATOL, _max_logprob_difference(a, b)
+            torch.testing.assert_close(a["multimodal_outputs"]["hidden"].cpu(), b["multimodal_outputs"]["hidden"].cpu(),
+                                       **tolerance(test_device, "float32", "hidden"))
+        elif same_config:
             assert a["logprobs"] == b["logprobs"], _max_logprob_difference(a, b)
             assert torch.equal(a["multimodal_outputs"]["hidden"].cpu(), b["multimodal_outputs"]["hidden"].cpu())
         else:  # e.g. vLLM turns async scheduling off in-process: other step boundaries, other batch shapes
