@@ -300,16 +300,14 @@ def sync_report(llm, batch: int, max_tokens: int, output_kind: str, name: str) -
         f = (ours or theirs or frames)[-1]
         where[f"{os.path.relpath(f.filename, ROOT) if f.filename.startswith(ROOT) else f.filename.split('/site-packages/')[-1]}:{f.lineno}({f.name})"] += 1
 
-    warnings.showwarning = record
     torch.cuda.set_sync_debug_mode("warn")
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings():  # restores warnings.showwarning on exit
             warnings.simplefilter("always")
             warnings.showwarning = record
             res = measure_decode({name: llm}, batch, max_tokens, f"sync-{name}", output_kind)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-        warnings.showwarning = shown
     return {"syncs": sum(where.values()), "steps": len(res["wall"][name]), "where": dict(where.most_common(12))}
 
 

@@ -247,7 +247,7 @@ def _num_tokens(args: Any, kwargs: dict[str, Any]) -> tuple[int, torch.device]:
     """Tokens of a model call and the device its inputs are on: ``inputs_embeds`` /
     ``input_ids`` rows, else ``positions``' last dim (``[num_tokens]`` or M-RoPE's
     ``[3, num_tokens]``)."""
-    named = dict(zip(("input_ids", "positions", "intermediate_tensors", "inputs_embeds"), args))
+    named = dict(zip(_POSITIONAL, args))
     named.update(kwargs)
     for key in ("inputs_embeds", "input_ids"):
         if isinstance(named.get(key), torch.Tensor):

@@ -70,7 +70,7 @@ def compiled_apart(config: dict, device: str) -> bool:
     """True if two engines of ``config`` (``engine_scenarios.engine_config``) on ``device`` each generate their
     own compiled code: compilation on, off the cpu (the cpu variants compile with Dynamo's eager backend, no
     code generation: bit for bit there)."""
-    return device != "cpu" and int(config["compilation_mode"]) != 0 and not config.get("enforce_eager")
+    return device != "cpu" and int(config["compilation_mode"]) != 0  # enforce_eager: mode 0
 
 
 def tolerance(device: str, dtype: str, quantity: str) -> dict[str, float]:
