@@ -30,6 +30,9 @@ class BatchView:
     #: ``_omni_seed``); None: unknown
     max_tokens: list | None = None
     seeds: list | None = None
+    #: True for a dummy batch (vLLM's profile / warm-up runs: ids vLLM made up, never added nor removed): the
+    #: model still gets its per-request kwargs, but nothing is stored for these ids
+    dummy: bool = False
 
     @property
     def num_reqs(self) -> int:

@@ -329,7 +329,8 @@ class OmniHooks:
         runner passes ``sampling_metadata`` and ``sampler``)."""
         if not self.passes_request_state:  # the forward takes none of them: build nothing per request
             return self.contract.forward_kwargs(dict(runner_kwargs))
-        infos = self.payloads.entries(batch.req_ids)
+        # a dummy batch's ids are never removed: fresh dicts, or every profile / warm-up run would leave entries
+        infos = [{} for _ in batch.req_ids] if batch.dummy else self.payloads.entries(batch.req_ids)
         if batch.num_output is not None:
             for info, n in zip(infos, batch.num_output.tolist()):
                 info["generated_len"] = n

@@ -187,7 +187,7 @@ class OmniModelStateMixin(abc.ABC):
 
         n = int(input_batch.num_reqs)
         return BatchView(list(input_batch.req_ids[:n]), input_batch.query_start_loc_np[: n + 1].copy(),
-                         np.zeros(n, dtype=np.int32), np.zeros(n, dtype=np.int32))
+                         np.zeros(n, dtype=np.int32), np.zeros(n, dtype=np.int32), dummy=True)
 
     # ----------------------------------------------------------- model inputs
     def omni_inputs_embeds(self, scheduled_encoder_inputs: Any, input_batch: Any, req_states: Any) -> Any:

@@ -4,7 +4,8 @@ three resident AsyncLLM engines), started once for the module, and the ``openai`
 - a served WAV equals ``omni-backends run``'s out.wav byte for byte (same prompt, voice, seed);
 - a streamed response's PCM (raw and SSE) equals the non-streamed body, and its first chunk reaches the client
   before the talker finished (server timestamps on the same host's monotonic clock);
-- 16 concurrent requests of different lengths all succeed, each equal to its own serial result;
+- 16 concurrent requests of different lengths all succeed, each its own serial result (int16 samples at most
+  one LSB apart: batch composition, ``tests/core/precision.py``);
 - a client that disconnects mid-stream: its request leaves every stage;
 - bad requests: one OpenAI-style 400 each, nothing started, the server keeps serving;
 - /metrics: vLLM's per-stage metrics and the server's own;
@@ -13,6 +14,7 @@ three resident AsyncLLM engines), started once for the module, and the ``openai`
 
 from __future__ import annotations
 
+import array
 import base64
 import concurrent.futures
 import io
@@ -26,6 +28,7 @@ import wave
 
 import pytest
 
+from tests.core.precision import BATCH_COMPOSITION_PCM16_LSB
 from tests.serving.servers import run_out_wav, start_server
 
 pytestmark = [pytest.mark.engine_tier, pytest.mark.slow]
@@ -134,7 +137,7 @@ def test_streamed_pcm_equals_the_whole_body_and_starts_before_the_talker_finishe
 LENGTHS = [(f"Request {i}: " + "omni " * (i % 5), i % 3, 100 + i, 3 + i) for i in range(16)]
 
 
-def test_16_concurrent_requests_of_different_lengths_each_equal_its_serial_result(server):
+def test_16_concurrent_requests_of_different_lengths_each_match_their_serial_result(server):
     def one(args):
         text, voice, seed, max_tokens = args
         return speech(server, text, voice, seed, max_tokens, response_format="pcm")
@@ -144,7 +147,13 @@ def test_16_concurrent_requests_of_different_lengths_each_equal_its_serial_resul
         together = list(pool.map(one, LENGTHS))
     assert len({len(s) for s in serial}) > 4  # different lengths
     assert all(len(s) > 0 for s in serial)
-    assert together == serial
+    # batched with others, a request's floats may round to a neighbouring int16 (tests/core/precision.py,
+    # "Batch composition"): equal lengths, at most one LSB per sample; a differing token or code moves whole
+    # frames by far more
+    for i, (t, s) in enumerate(zip(together, serial)):
+        assert len(t) == len(s), (i, len(t), len(s))
+        worst = max((abs(a - b) for a, b in zip(array.array("h", t), array.array("h", s))), default=0)
+        assert worst <= BATCH_COMPOSITION_PCM16_LSB, (i, worst)
 
 
 def test_a_client_that_disconnects_mid_stream_leaves_no_stage_running_its_request(server):
