@@ -280,7 +280,9 @@ def sync_report(llm, batch: int, max_tokens: int, output_kind: str, name: str) -
     """The host-device synchronisations of one run of ``batch`` requests' decode steps on ``llm`` (CUDA only):
     PyTorch's sync debug mode (``torch.cuda.set_sync_debug_mode("warn")``) warns at every synchronising call;
     each is counted by where it came from -- the innermost frame of this project (``core/``, ``omni_backends/``),
-    else the innermost vLLM frame. Returns ``{"syncs": n, "steps": decode steps, "where": {location: count}}``."""
+    else the innermost vLLM frame. Returns ``{"syncs": n, "steps": decode steps, "where": {location: count},
+    "control_syncs": m}``: ``m`` the count of one known synchronising call (``.item()``) made first, in the same
+    mode -- 1 when the counter sees syncs at all (0 there makes every count meaningless)."""
     import collections
     import re
     import traceback
@@ -305,10 +307,15 @@ def sync_report(llm, batch: int, max_tokens: int, output_kind: str, name: str) -
         with warnings.catch_warnings():  # restores warnings.showwarning on exit
             warnings.simplefilter("always")
             warnings.showwarning = record
+            # the positive control: one known synchronising call (a device scalar read on the host) must count
+            torch.ones(1, device="cuda").sum().item()
+            control = sum(where.values())
+            where.clear()
             res = measure_decode({name: llm}, batch, max_tokens, f"sync-{name}", output_kind)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    return {"syncs": sum(where.values()), "steps": len(res["wall"][name]), "where": dict(where.most_common(12))}
+    return {"syncs": sum(where.values()), "steps": len(res["wall"][name]), "where": dict(where.most_common(12)),
+            "control_syncs": control}
 
 
 def _positive(what: str, low: int = 1, high: int | None = None):
@@ -496,10 +503,12 @@ def _syncs_table(res: dict) -> list[str]:
     """The ``--sync-debug`` counts: per engine, synchronisations per decode step and where they come from."""
     if not res.get("syncs"):
         return []
-    rows = ["", "| engine | syncs | decode steps | syncs/step | where (count) |", "|---|---|---|---|---|"]
+    rows = ["", "| engine | syncs | decode steps | syncs/step | where (count) | control (1 = counter works) |",
+            "|---|---|---|---|---|---|"]
     for name, r in res["syncs"].items():
         where = "; ".join(f"`{k}` {v}" for k, v in r["where"].items()) or "-"
-        rows.append(f"| {name} | {r['syncs']} | {r['steps']} | {r['syncs'] / max(1, r['steps']):.2f} | {where} |")
+        rows.append(f"| {name} | {r['syncs']} | {r['steps']} | {r['syncs'] / max(1, r['steps']):.2f} | {where} | "
+                    f"{r.get('control_syncs', '-')} |")
     return rows
 
 

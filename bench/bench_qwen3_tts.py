@@ -300,7 +300,7 @@ class Streamer:
         s0 = max(0, start - self.args.left_context)
         codes = frames[s0:end]  # [k, Q] int
         cid = f"{rec['id']}:c{rec['chunks']}"
-        rec["pending"][cid] = (s0, start, end)
+        rec["pending"][cid] = (s0, start, end, time.perf_counter())
         rec["chunks"] += 1
         self.c2w.add_request(cid, {"prompt_token_ids": codes.t().reshape(-1).tolist()},
                              SamplingParams(max_tokens=1, detokenize=False))
@@ -313,7 +313,8 @@ class Streamer:
             rid = f"r{self.count}"
             self.count += 1
             recs[rid] = {"id": rid, "submit": time.perf_counter(), "first": None, "last": None, "samples": 0,
-                         "sr": None, "frames": 0, "sent": 0, "chunks": 0, "pending": {}, "talker_done": False}
+                         "sr": None, "frames": 0, "sent": 0, "chunks": 0, "pending": {}, "talker_done": False,
+                         "talker_end": None, "chunk_ms": []}
             self._submit_talker(rid, 1000 + self.count)
         chunk, first = self.args.chunk_frames, self.args.first_chunk_frames
         while self.talker.has_unfinished_requests() or self.c2w.has_unfinished_requests():
@@ -323,12 +324,13 @@ class Streamer:
                         continue
                     rid = out.request_id.split(":", 1)[0]
                     rec = recs[rid]
-                    s0, start, end = rec["pending"].pop(out.request_id)
+                    s0, start, end, t_sub = rec["pending"].pop(out.request_id)
                     wav = out.multimodal_outputs["model_outputs"].reshape(-1)
                     per_frame = wav.shape[0] // max(1, end - s0)
                     rec["samples"] += per_frame * (end - start)
                     rec["sr"] = int(out.multimodal_outputs["sr"].reshape(-1)[0])
                     now = time.perf_counter()
+                    rec["chunk_ms"].append((now - t_sub) * 1e3)
                     rec["first"] = rec["first"] or now
                     rec["last"] = now
                     if not bool(torch.isfinite(wav).all()):
@@ -346,6 +348,8 @@ class Streamer:
                         self._submit_chunk(rec, frames, rec["sent"], end)
                         rec["sent"] = end
                     rec["talker_done"] = out.finished
+                    if out.finished:
+                        rec["talker_end"] = time.perf_counter()
         for rec in recs.values():
             if rec["first"] is None or rec["frames"] != self.args.frames:
                 raise RuntimeError(f"request {rec['id']}: {rec['frames']} frames of {self.args.frames}, "
@@ -370,11 +374,12 @@ class AsyncStreamer:
         import torch
         from vllm import SamplingParams
 
-        last = None
+        last, t_sub = None, time.perf_counter()
         async for out in self.c2w.generate({"prompt_token_ids": codes[s0:end].t().reshape(-1).tolist()},
                                            SamplingParams(max_tokens=1, detokenize=False), f"{rec['id']}:c{index}"):
             last = out
         now = time.perf_counter()
+        rec["chunk_ms"].append((now - t_sub) * 1e3)
         wav = last.multimodal_outputs["model_outputs"].reshape(-1)
         if not bool(torch.isfinite(wav).all()):
             raise RuntimeError(f"code2wav returned a non-finite waveform for {rec['id']} chunk {index}")
@@ -397,7 +402,7 @@ class AsyncStreamer:
         rid = f"r{self.count}"
         self.count += 1
         rec = {"id": rid, "submit": time.perf_counter(), "first": None, "last": None, "samples": 0, "sr": None,
-               "frames": 0, "chunks": 0}
+               "frames": 0, "chunks": 0, "talker_end": None, "chunk_ms": []}
         p = SamplingParams(max_tokens=self.args.frames + 1, temperature=0.9, top_k=50, seed=seed, ignore_eos=True,
                            detokenize=False, output_kind=RequestOutputKind.DELTA,
                            extra_args={EXTRA_ARGS_KEY: pack(self.payload), MTP_SEED_KEY: seed})
@@ -417,6 +422,7 @@ class AsyncStreamer:
                                                                max(0, sent - self.args.left_context), sent, end)))
                 rec["chunks"] += 1
                 sent = end
+        rec["talker_end"] = time.perf_counter()
         rec["frames"] = n_rows - self.prompt_len
         await asyncio.gather(*tasks)
         if rec["first"] is None or rec["frames"] != self.args.frames:
@@ -438,7 +444,12 @@ def summarize(c: int, recs: list[dict]) -> dict:
            "audio_s_per_request": statistics.median(audio), "wall_s": last - first_submit,
            "audio_s_per_s": sum(audio) / (last - first_submit),
            "ttfa_ms": statistics.median((r["first"] - r["submit"]) * 1e3 for r in recs),
-           "rtf": statistics.median((r["last"] - r["submit"]) / a for r, a in zip(recs, audio))}
+           "rtf": statistics.median((r["last"] - r["submit"]) / a for r, a in zip(recs, audio)),
+           # where the time goes: the talker's frames, each code2wav chunk (submit to waveform), after the talker
+           "talker_ms_per_frame": statistics.median((r["talker_end"] - r["submit"]) * 1e3 / max(1, r["frames"])
+                                                    for r in recs),
+           "code2wav_ms_per_chunk": statistics.median(ms for r in recs for ms in r["chunk_ms"]),
+           "after_talker_ms": statistics.median(max(0.0, r["last"] - r["talker_end"]) * 1e3 for r in recs)}
     return row
 
 
@@ -532,6 +543,11 @@ def render(res: dict) -> str:
                   f"~{a['audio_s_per_s_c64']:.0f} audio-s/s (H100)" if r["concurrency"] == 64 else "")
         lines.append(f"| {r['concurrency']} | {r['requests']} | {r['audio_s_per_request']:.3f} | {r['ttfa_ms']:.1f} | "
                      f"{r['rtf']:.3f} | {r['audio_s_per_s']:.2f} | {r['wall_s']:.2f} | {anchor} |")
+    lines += ["", "where the time goes (medians): the talker per frame (submit to its last frame / frames), one "
+              "code2wav chunk (submit to waveform), the last audio after the talker finished", "",
+              "| concurrency | talker ms / frame | code2wav ms / chunk | after the talker ms |", "|---|---|---|---|"]
+    lines += [f"| {r['concurrency']} | {r['talker_ms_per_frame']:.2f} | {r['code2wav_ms_per_chunk']:.1f} | "
+              f"{r['after_talker_ms']:.1f} |" for r in res["rows"] if "talker_ms_per_frame" in r]
     lines += ["", f"anchors (never asserted): {a['source']}"]
     return "\n".join(lines)
 

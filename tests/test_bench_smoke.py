@@ -73,7 +73,9 @@ def _no_async_factory() -> str | None:
 _QWEN3_FIGURES = (("TTFA ms, concurrency 1", lambda d: d["rows"][0]["ttfa_ms"]),
                   ("RTF, concurrency 1", lambda d: d["rows"][0]["rtf"]),
                   ("audio-s/s, concurrency 2", lambda d: d["rows"][1]["audio_s_per_s"]),
-                  ("talker engine start s", lambda d: d["info"]["talker_start_s"]))
+                  ("talker engine start s", lambda d: d["info"]["talker_start_s"]),
+                  ("talker ms per frame, concurrency 2", lambda d: d["rows"][1]["talker_ms_per_frame"]),
+                  ("code2wav ms per chunk, concurrency 2", lambda d: d["rows"][1]["code2wav_ms_per_chunk"]))
 _QWEN3_ARGS = ("--size", "tiny", "--device", "cpu", "--frames", "8", "--chunk-frames", "4", "--concurrency", "1,2",
                "--reps", "1")
 

@@ -92,8 +92,8 @@ pytest_part() {  # name, then pytest arguments
   return $rc
 }
 
-part_core() {  # variant selector
-  pytest_part "core-$1" tests/core -k "$2"
+part_core() {  # variant selector (CORE_K, when set, replaces it: a narrower re-run by hand)
+  pytest_part "core-$1" tests/core -k "${CORE_K:-$2}"
 }
 
 part_core_rest() {
