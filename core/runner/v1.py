@@ -141,6 +141,14 @@ class OmniV1RunnerMixin:
             view.seeds = [getattr(r.sampling_params, "seed", None) if r is not None else None for r in reqs]
         return view
 
+    def _lean_batch_view(self) -> BatchView:
+        """The scheduled batch of a lean model's step, read after the forward: offsets and computed tokens as
+        int lists (what the output hooks read; no array copies), prompt lengths a view of vLLM's array."""
+        batch = self.input_batch
+        n = batch.num_reqs
+        return BatchView(batch.req_ids[:n], self.query_start_loc.np[: n + 1].tolist(),
+                         batch.num_computed_tokens_cpu[:n].tolist(), batch.num_prompt_tokens[:n])
+
     def _preprocess(self, scheduler_output: Any, num_input_tokens: int, intermediate_tensors: Any = None) -> Any:
         out = super()._preprocess(scheduler_output, num_input_tokens, intermediate_tensors)
         if not self._omni_active:
@@ -174,7 +182,7 @@ class OmniV1RunnerMixin:
         if not self._omni_active or batch is None or not hasattr(hidden, "shape"):  # dummy runs; intermediate tensors (PP)
             return hidden
         if batch is _AFTER_FORWARD:  # the same step's arrays: vLLM changes them only in the next _update_states
-            batch = self._omni_batch = self._batch_view()
+            batch = self._omni_batch = self._lean_batch_view()
         self.omni_hooks.process_model_output(self._omni_io.take(hidden), batch, self._omni_kwargs)
         self._omni_hidden = hidden
         return hidden
