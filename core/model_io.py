@@ -10,11 +10,13 @@ Ascend runners built on it; the V2 runner) that the core must not assume away:
    (PIECEWISE) models run their outer ``forward`` eagerly around captured
    pieces. Each of those expects a tensor back (``CUDAGraphWrapper`` even
    weak-refs it). :class:`ModelOutputAdapter` therefore sits **at the model**
-   (a forward hook on the model instance, installed by the runner's
-   ``load_model`` on V1 and by the model state on V2): every call returns the
-   text hidden states ``[num_tokens, H]``; the multimodal outputs are kept
-   aside, token-aligned tensors in persistent buffers, so that a FULL-graph
-   replay (no Python) refreshes them exactly as an eager step does.
+   (the model instance's ``forward``, wrapped once by the runner's
+   ``load_model`` on V1 and by the model state on V2; no module hook, so
+   ``nn.Module.__call__`` keeps its hook-free fast path on every step): every
+   call returns the text hidden states ``[num_tokens, H]``; the multimodal
+   outputs are kept aside, token-aligned tensors in persistent buffers, so
+   that a FULL-graph replay (no Python) refreshes them exactly as an eager
+   step does.
 2. **Async outputs are recognised by class**: vLLM's executors and engine
    core unwrap an output only if it is an instance of
    ``vllm.v1.outputs.AsyncModelRunnerOutput`` (``isinstance``), whose abstract
@@ -61,10 +63,11 @@ def split_output(output: Any) -> tuple[Any, dict[str, Any]]:
 
 
 class ModelOutputAdapter:
-    """A forward hook on the model instance: vLLM always gets a tensor back.
+    """The model instance's ``forward``, wrapped once: vLLM always gets a tensor back.
 
     - ``model``: the ``nn.Module`` vLLM calls (the runner's ``get_model()``,
-      i.e. below any ``CUDAGraphWrapper``).
+      i.e. below any ``CUDAGraphWrapper``, which calls it through
+      ``nn.Module.__call__`` at capture and on eager / PIECEWISE steps).
     - ``max_num_tokens``: rows of the persistent buffers (the scheduler's
       ``max_num_batched_tokens``, the most any call can carry).
     - ``hidden_size`` / ``dtype``: of the placeholder returned for models
@@ -72,6 +75,17 @@ class ModelOutputAdapter:
       code2wav): zeros ``[num_tokens, hidden_size]`` on the device of the
       call's inputs (``inputs_embeds`` / ``input_ids`` / ``positions``), which
       vLLM's logits path then indexes with device indices.
+
+    How: ``model.forward`` becomes an instance attribute (``functools.wraps``
+    of the bound forward: the same signature for ``inspect``) that calls the
+    model's own forward and then the adapter. No forward hook is registered,
+    so ``nn.Module.__call__`` stays on its fast path (a registered hook sends
+    every call through ``_call_impl``'s hook loop); every way of calling the
+    model -- ``model(...)``, ``model.forward(...)``, a ``CUDAGraphWrapper``
+    around it, a torch.compile'd ``__call__`` -- reaches the wrapper.
+    ``type(model).forward(model, ...)`` is the model's own forward.
+    :meth:`remove` restores the instance; a second adapter on the same model
+    replaces the first (one per model).
 
     Every call: text hidden states ``[num_tokens, H]`` are returned; each
     multimodal output that is a tensor with first dim ``num_tokens`` is copied
@@ -108,19 +122,46 @@ class ModelOutputAdapter:
         self._tensor_keys: tuple[str, ...] = ()
         self._objects: dict[str, Any] = {}
         self._object_keys: tuple[str, ...] = ()
+        #: the last call's multimodal outputs as the model returned them (``_ABSENT``: copied into the buffers)
+        self._mm: Any = _ABSENT
         self._called = False
         self.calls = 0
         self._signature: tuple[bool, bool] | None = None
         self._model = model
-        self._embeds_handle: Any = None
-        self._handle = model.register_forward_hook(self._on_forward, with_kwargs=True)
+        self._embeds_for_ids: Callable[[torch.Tensor], torch.Tensor] | None = None
+        previous = getattr(model.__dict__.get("forward"), ADAPTER_ATTR, None)
+        if previous is not None:  # one adapter per model
+            previous.remove()
+        #: what ``model.__dict__["forward"]`` held before (``_ABSENT``: nothing, the class's forward)
+        self._saved = model.__dict__.get("forward", _ABSENT)
+        self._forward = self._wrap(model)
+        model.forward = self._forward
+
+    def _wrap(self, model: Any) -> Callable[..., Any]:
+        """The instance ``forward``: the model's own (an instance ``forward`` set before, else its class's,
+        looked up at every call, as ``nn.Module.__call__`` does), then :meth:`_on_output`."""
+        on_output = self._on_output
+        saved = self._saved if self._saved is not _ABSENT else None
+
+        @functools.wraps(model.forward)  # the same name, doc and signature (``inspect`` follows __wrapped__)
+        def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
+            if self._embeds_for_ids is not None:
+                kwargs = self._with_embeds(args, kwargs)
+            own = type(model).forward(model, *args, **kwargs) if saved is None else saved(*args, **kwargs)
+            return on_output(args, kwargs, own)
+
+        setattr(forward, ADAPTER_ATTR, self)
+        return forward
 
     def remove(self) -> None:
-        """Remove the hooks (the model then returns its own outputs again)."""
-        self._handle.remove()
-        if self._embeds_handle is not None:
-            self._embeds_handle.remove()
-            self._embeds_handle = None
+        """Give the model its own ``forward`` back (it then returns its own outputs again)."""
+        model = self._model
+        if model.__dict__.get("forward") is self._forward:
+            if self._saved is _ABSENT:
+                del model.__dict__["forward"]
+            else:
+                model.__dict__["forward"] = self._saved
+        self._embeds_for_ids = None
 
     def feed_embeddings(self, embeds_for_ids: Any) -> None:
         """Make every call of the model carry ``inputs_embeds``: a call that
@@ -136,44 +177,49 @@ class ModelOutputAdapter:
         traced on the ``input_ids`` path of a dummy run ignores the
         ``inputs_embeds`` of every real step (the H200, 2026-12-02: garbage
         codes under compilation, right ones eager). Only keyword calls are
-        changed (vLLM calls the model with keywords)."""
-        if self._embeds_handle is not None:
-            self._embeds_handle.remove()
+        changed (vLLM calls the model with keywords). Done in the wrapped
+        ``forward`` (no pre-hook)."""
+        self._embeds_for_ids = embeds_for_ids
 
-        def pre(module: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-            ids = kwargs.get("input_ids")
-            if kwargs.get("inputs_embeds") is None and isinstance(ids, torch.Tensor) and len(args) < 4:
-                kwargs = dict(kwargs, inputs_embeds=embeds_for_ids(ids))
-                return args, kwargs
-            return None
+    def _with_embeds(self, args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+        ids = kwargs.get("input_ids")
+        if kwargs.get("inputs_embeds") is None and isinstance(ids, torch.Tensor) and len(args) < 4:
+            return dict(kwargs, inputs_embeds=self._embeds_for_ids(ids))  # type: ignore[misc]
+        return kwargs
 
-        self._embeds_handle = self._model.register_forward_pre_hook(pre, with_kwargs=True)
-
-    # ---------------------------------------------------------------- the hook
-    def _on_forward(self, module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> torch.Tensor:
+    # ---------------------------------------------------------------- every call
+    def _on_output(self, args: Any, kwargs: dict[str, Any], output: Any) -> torch.Tensor:
         self.calls += 1
-        signature = call_signature(args, kwargs)
+        # vLLM calls with keywords: no merge of positional names then
+        signature = call_signature(args, kwargs) if args else \
+            (isinstance(kwargs.get("input_ids"), torch.Tensor), isinstance(kwargs.get("inputs_embeds"), torch.Tensor))
         if signature != self._signature:
             if self._signature is not None:
-                raise ModelCallSignatureError(type(module).__name__, self._signature, signature)
+                raise ModelCallSignatureError(type(self._model).__name__, self._signature, signature)
             self._signature = signature
-        hidden, mm = split_output(output)
+        if isinstance(output, torch.Tensor):
+            hidden, mm = output, None
+        else:
+            hidden, mm = _split(output)
         if hidden is None:
             hidden = self._zeros(*_num_tokens(args, kwargs))
-        n = int(hidden.shape[0])
         persistent = self.persistent
         if self.keep_hidden:
             self._hidden = _persistent(self._hidden, hidden, self.max_num_tokens) if persistent else hidden
+        if not persistent or not mm:  # nothing replays this call: the outputs are read as they are
+            self._mm, self._called = mm, True
+            return hidden
+        n = hidden.shape[0]
+        buffers = self._buffers
         tensor_keys, objects = [], {}
         for key, value in mm.items():
-            if isinstance(value, torch.Tensor) and value.dim() >= 1 and int(value.shape[0]) == n:
-                self._buffers[key] = _persistent(self._buffers.get(key), value, self.max_num_tokens) \
-                    if persistent else value
+            if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == n:
+                buffers[key] = _persistent(buffers.get(key), value, self.max_num_tokens) if persistent else value
                 tensor_keys.append(key)
             else:
                 objects[key] = value
         self._tensor_keys, self._objects, self._called = tuple(tensor_keys), objects, True
-        self._object_keys = tuple(objects)
+        self._object_keys, self._mm = tuple(objects), _ABSENT
         return hidden
 
     def _zeros(self, n: int, device: torch.device) -> torch.Tensor:
@@ -206,12 +252,33 @@ class ModelOutputAdapter:
                 "Python objects (per-request lists / dicts) a graph cannot produce; run this model without FULL "
                 "graphs (set compilation_config cudagraph_mode=PIECEWISE or enforce_eager=True)"
             )
-        n = int(hidden.shape[0])
+        mm = self._mm
+        if mm is not _ABSENT:  # the forward's own outputs (no persistent copy made, or none to make)
+            return OmniOutput(hidden, mm if mm is not None else {})
+        n = hidden.shape[0]
         buffers = self._buffers
         mm = {k: b if (b := buffers[k]).shape[0] == n else b[:n] for k in self._tensor_keys}
         if self._objects:
             mm.update(self._objects)
-        return OmniOutput(text_hidden_states=hidden, multimodal_outputs=mm)
+        return OmniOutput(hidden, mm)
+
+
+#: the attribute of an adapter's wrapped ``forward`` naming its :class:`ModelOutputAdapter`
+ADAPTER_ATTR = "__omni_output_adapter__"
+_ABSENT = object()
+
+
+def adapter_of(model: Any) -> ModelOutputAdapter | None:
+    """The :class:`ModelOutputAdapter` wrapping ``model``'s ``forward``, or ``None``."""
+    return getattr(getattr(model, "__dict__", {}).get("forward"), ADAPTER_ATTR, None)
+
+
+def _split(output: Any) -> tuple[Any, Any]:
+    """:func:`split_output` without the copy of the multimodal dict (read, not kept)."""
+    mm = getattr(output, "multimodal_outputs", _ABSENT)
+    if mm is _ABSENT or not hasattr(output, "text_hidden_states"):
+        return split_output(output)  # raises the one clear error
+    return output.text_hidden_states, mm
 
 
 

@@ -449,21 +449,26 @@ class HostSlabs:
     def copy(self, t: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
         """A host view ``[n, ...]`` holding ``t``'s rows (``t``: ``[n, ...]``, any device); ``non_blocking``:
         the copy may still be in flight (the caller fences it)."""
-        slab, at = self.place(t, non_blocking)
-        view = slab[at : at + int(t.shape[0])]
+        slab, at, view = self._place(t, non_blocking)
         view._omni_slab = (slab, at)  # type: ignore[attr-defined]  # read by StepLog.extend (same process only)
         return view
 
     def place(self, t: torch.Tensor, non_blocking: bool = False) -> tuple[torch.Tensor, int]:
         """:meth:`copy` as ``(slab, first row)``. (A view :meth:`copy` returns carries that pair as its
         ``_omni_slab`` attribute, a Python attribute that does not survive serialisation.)"""
-        n = int(t.shape[0])
+        return self._place(t, non_blocking)[:2]
+
+    def _place(self, t: torch.Tensor, non_blocking: bool) -> tuple[torch.Tensor, int, torch.Tensor]:
+        """``(slab, first row, the view of the rows)``, ``t`` copied in (one slice of the slab: a tensor
+        index is a few microseconds of host time, once per step and output)."""
+        n = t.shape[0]
         key = (t.shape[1:], t.dtype)
         entry = self._open.get(key)
         if entry is None or entry[1] + n > entry[0].shape[0]:
             slab = torch.empty((max(self.rows, n), *t.shape[1:]), dtype=t.dtype, pin_memory=self.pin)
             entry = self._open[key] = [slab, 0]
         slab, at = entry
-        slab[at : at + n].copy_(t, non_blocking=non_blocking)
+        view = slab[at : at + n]
+        view.copy_(t, non_blocking=non_blocking)
         entry[1] = at + n
-        return slab, at
+        return slab, at, view

@@ -18,6 +18,9 @@ class BatchView:
       before this step (so a request's tokens this step are positions
       ``num_computed .. num_computed + n``).
     - ``num_prompt``: int ``[num_reqs]`` prompt lengths.
+
+    Each int field is a numpy array or a list of ints (the V1 runner's view of a lean model's step, built after
+    the forward: lists, which the output hooks read as they are).
     """
 
     req_ids: list[str]

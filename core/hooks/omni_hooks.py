@@ -33,7 +33,8 @@ from core.hooks.contract import ModelContract, read_contract
 from core.hooks.graphs import graphs_enabled, no_full_graphs
 from core.hooks.talker_mtp import TalkerMTP, request_generator
 from core.kinds import AR, GENERATION, KINDS
-from core.outputs import HostSlabs, OmniModelRunnerOutput, StepOutputs, StepRows, as_omni_output, flatten_multimodal
+from core.outputs import (HostSlabs, OmniModelRunnerOutput, OmniOutput, StepOutputs, StepRows, as_omni_output,
+                          flatten_multimodal)
 from core.payloads import EXTRA_ARGS_KEY, PayloadStore, unpack
 from core.seams import CUDAGRAPH_MODE
 from omni_backends.backend import Backend
@@ -370,7 +371,9 @@ class OmniHooks:
         through ``Backend.to_host``. Returns the text hidden states
         ``[num_tokens, H]`` (``None`` if the model returns none)."""
         c = self.contract
-        omni = self.normalize_output(output, model_kwargs)
+        # the adapter's output of a model without make_omni_output (every step of most models): as it is
+        omni = output if type(output) is OmniOutput and c.make_omni_output is None else \
+            self.normalize_output(output, model_kwargs)
         hidden = omni.text_hidden_states if omni is not None else output
         mm = (omni.multimodal_outputs if omni is not None else None) or {}
         if c.postprocess is not None:
@@ -406,13 +409,21 @@ class OmniHooks:
         # C-level maps over the batch: rows emitted before, the new watermark (position after this step's rows)
         first = _ints(batch.num_computed, n)
         done = list(map(emitted.get, req_ids, repeat(0, n)))
-        emitted.update(zip(req_ids, map(max, done, map(add, first, map(sub, ends, starts)))))
+        upto = map(add, first, map(sub, ends, starts))
         if any(map(gt, done, first)):  # positions emitted before (recomputed after preemption): skip them
+            emitted.update(zip(req_ids, map(max, done, upto)))
             starts = [min(s + max(d - f, 0), e) for s, e, d, f in zip(starts, ends, done, first)]
-        step, tensors, fenced = self._step_outputs, {}, False
+        else:
+            emitted.update(zip(req_ids, upto))
+        tensors, fenced = {}, False
         for key, value in flat.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0 and (rows := value.shape[0]) >= num_tokens:
-                host, in_flight = self._host_copy(value[:num_tokens] if rows != num_tokens else value)
+                if rows != num_tokens:
+                    value = value[:num_tokens]
+                if value.is_cpu:  # one copy into the host slabs, no device path to choose
+                    tensors[key] = self._slabs.copy(value)
+                    continue
+                host, in_flight = self._host_copy(value)
                 tensors[key] = host
                 fenced |= in_flight
             elif isinstance(value, (list, tuple)) and len(value) == n:
@@ -421,6 +432,7 @@ class OmniHooks:
                         continue
                     t = item if isinstance(item, torch.Tensor) else torch.as_tensor(item)
                     self._add(req_id, key, _owned(self.backend.to_host(t), t))
+        step = self._step_outputs
         if fenced:
             step.add_fence(self._record_fence())
         step.add_spans(req_ids, starts, ends, tensors)
@@ -479,9 +491,11 @@ class OmniHooks:
                 return base
             rows = [_rows_of(step)]
         req_ids, index = base.req_ids, base.req_id_to_index
-        if any((b.req_ids != req_ids and not index.keys() >= set(b.req_ids))
-               or (b.item_req_ids and not index.keys() >= set(b.item_req_ids)) for b in rows):
-            rows = [b.only(index.__contains__) for b in rows]  # requests not in vLLM's output: left out
+        for b in rows:  # a loop, not a generator: once per step, most steps one part
+            if (b.req_ids != req_ids and not index.keys() >= set(b.req_ids)) \
+                    or (b.item_req_ids and not index.keys() >= set(b.item_req_ids)):
+                rows = [b.only(index.__contains__) for b in rows]  # requests not in vLLM's output: left out
+                break
         if type(base) is OmniModelRunnerOutput.__base__ and hasattr(base, "__dict__"):
             # vLLM's own ModelRunnerOutput (a plain dataclass): its fields as they are, plus ours
             out = OmniModelRunnerOutput.__new__(OmniModelRunnerOutput)
@@ -504,7 +518,10 @@ def _rows_of(items: Any) -> StepRows:
 
 
 def _ints(values: Any, n: int) -> list[int]:
-    """The first ``n`` of ``values`` (a numpy array, as a ``BatchView`` holds them, or a sequence) as ints."""
+    """The first ``n`` of ``values`` (a numpy array or a list, as a ``BatchView`` holds them, or a sequence) as
+    ints (a list of exactly ``n`` is returned as it is: read, not changed)."""
+    if type(values) is list:
+        return values if len(values) == n else values[:n]
     out = values.tolist() if isinstance(values, np.ndarray) else list(values)
     return out if len(out) == n else out[:n]
 

@@ -31,6 +31,10 @@ from omni_backends.backend import Backend
 
 
 _OUTPUT_TOKEN_IDS = attrgetter("output_token_ids")
+#: ``_omni_batch`` of a real step whose batch view is built after the forward (a lean model, see ``load_model``)
+_AFTER_FORWARD = object()
+#: the extra model kwargs the AR runner hands the hooks (``OmniHooks.build_extra_kwargs``)
+_RUNNER_KWARGS = frozenset(("sampling_metadata", "sampler"))
 
 
 class OmniV1RunnerMixin:
@@ -42,13 +46,19 @@ class OmniV1RunnerMixin:
     #: False for a stock vLLM model (:func:`core.hooks.contract.needs_omni_hooks`, set by ``load_model``):
     #: vLLM's steps then run untouched
     _omni_active: bool = True
+    #: True for a model that reads nothing per request before its forward (no preprocess, a forward that takes
+    #: none of the per-request or runner kwargs; set by ``load_model``): a step without prompt embeddings then
+    #: builds nothing before the forward, its batch view after it
+    _omni_lean: bool = False
+    #: the batch view carries ``num_output`` / ``max_tokens`` / ``seeds`` (the model reads them; ``load_model``)
+    _omni_request_facts: bool = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.omni_hooks = OmniHooks(self.omni_backend, self.omni_kind)
         # the driver's sampling rules on the sampler vLLM built (in place: its rejection sampler holds it too)
         self.sampler = self.omni_hooks.backend.prepare_sampler(self.sampler)
-        self._omni_batch: BatchView | None = None
+        self._omni_batch: Any = None  # BatchView, _AFTER_FORWARD, or None outside a real step
         self._omni_hidden = None
         self._omni_kwargs: dict[str, Any] | None = None
 
@@ -57,7 +67,7 @@ class OmniV1RunnerMixin:
         super().load_model(*args, **kwargs)
         self._omni_talker_mtp = None
         old = getattr(self, "_omni_io", None)
-        if old is not None:  # a reload: one hook per model
+        if old is not None:  # a reload: one adapter per model
             old.remove()
             self._omni_io = None
         model = self.get_model()
@@ -65,12 +75,18 @@ class OmniV1RunnerMixin:
         # a stock vLLM model: no adapter, no hooks in its steps (as V2 keeps vLLM's ModelState for it)
         self._omni_active = needs_omni_hooks(model, self.omni_kind)
         if self._omni_active:
-            # at the model, so every call vLLM makes (_dummy_run, profile, warm-up, graph capture) gets a tensor;
-            # persistent buffers only where a captured graph may replay the forward
+            # at the model (its forward wrapped, no module hook), so every call vLLM makes (_dummy_run, profile,
+            # warm-up, graph capture) gets a tensor; persistent buffers only where a captured graph may replay it
             self._omni_io = ModelOutputAdapter(model, self.max_num_tokens, self.model_config.get_hidden_size(),
                                                self.dtype, persistent=graphs_enabled(self.vllm_config))
-            if getattr(self.omni_hooks, "uses_preprocess", False):  # real steps always pass embeddings: so do dummy runs
+            hooks = self.omni_hooks
+            if getattr(hooks, "uses_preprocess", False):  # real steps always pass embeddings: so do dummy runs
                 self._omni_io.feed_embeddings(self._omni_dummy_embeds)
+            self._omni_request_facts = bool(getattr(hooks, "passes_request_state", True)
+                                            or getattr(hooks, "uses_preprocess", False))
+            params = getattr(getattr(hooks, "contract", None), "forward_params", None)
+            self._omni_lean = not self._omni_request_facts and params is not None and (
+                hooks.kind != AR or not (_RUNNER_KWARGS & params))
 
     def _omni_dummy_embeds(self, input_ids: Any) -> Any:
         """``[num_tokens, H]``: the persistent ``inputs_embeds`` buffer as it is -- what vLLM's own dummy run
@@ -107,33 +123,43 @@ class OmniV1RunnerMixin:
         (``generated_len``), ``max_tokens`` / ``seeds`` only for a model with ``preprocess``."""
         batch = self.input_batch
         n = batch.num_reqs
-        hooks = self.omni_hooks
         view = BatchView(
             req_ids=batch.req_ids[:n],
             query_start_loc=self.query_start_loc.np[: n + 1].copy(),
             num_computed=batch.num_computed_tokens_cpu[:n].copy(),
             num_prompt=batch.num_prompt_tokens[:n].copy(),
         )
-        if not (hooks.passes_request_state or hooks.uses_preprocess):
+        if not self._omni_request_facts:
             return view
         reqs = list(map(self.requests.get, view.req_ids))
         outputs = list(map(_OUTPUT_TOKEN_IDS, reqs)) if not any(map(is_, reqs, repeat(None))) else \
             [r.output_token_ids if r is not None else () for r in reqs]
         view.num_output = np.fromiter(map(len, outputs), dtype=np.int64, count=n)
-        if hooks.uses_preprocess:
+        if self.omni_hooks.uses_preprocess:
             view.max_tokens = [getattr(r.sampling_params, "max_tokens", None) if r is not None else None
                                for r in reqs]
             view.seeds = [getattr(r.sampling_params, "seed", None) if r is not None else None for r in reqs]
         return view
 
+    def _lean_batch_view(self) -> BatchView:
+        """The scheduled batch of a lean model's step, read after the forward: offsets and computed tokens as
+        int lists (what the output hooks read; no array copies), prompt lengths a view of vLLM's array."""
+        batch = self.input_batch
+        n = batch.num_reqs
+        return BatchView(batch.req_ids[:n], self.query_start_loc.np[: n + 1].tolist(),
+                         batch.num_computed_tokens_cpu[:n].tolist(), batch.num_prompt_tokens[:n])
+
     def _preprocess(self, scheduler_output: Any, num_input_tokens: int, intermediate_tensors: Any = None) -> Any:
         out = super()._preprocess(scheduler_output, num_input_tokens, intermediate_tensors)
         if not self._omni_active:
             return out
-        input_ids, inputs_embeds, positions, intermediate_tensors, model_kwargs, ec_out = out
         hooks = self.omni_hooks
-        batch = self._omni_batch = self._batch_view()
         self._omni_io.begin_step()
+        if self._omni_lean and not hooks.payloads.with_embeds:  # nothing the model reads is built per step
+            self._omni_batch, self._omni_kwargs = _AFTER_FORWARD, out[4]  # vLLM's model kwargs, as they are
+            return out
+        input_ids, inputs_embeds, positions, intermediate_tensors, model_kwargs, ec_out = out
+        batch = self._omni_batch = self._batch_view()
         if inputs_embeds is None and hooks.needs_embeds(batch):
             if not hooks.uses_preprocess:  # embeddings on some steps only: the call signature would change
                 raise prompt_embeds_without_embeds_path(self.model)
@@ -152,9 +178,12 @@ class OmniV1RunnerMixin:
 
     def _model_forward(self, *args: Any, **kwargs: Any) -> Any:
         hidden = super()._model_forward(*args, **kwargs)  # a tensor: the adapter sits at the model
-        if not self._omni_active or self._omni_batch is None or not hasattr(hidden, "shape"):  # dummy runs; intermediate tensors (PP)
+        batch = self._omni_batch
+        if not self._omni_active or batch is None or not hasattr(hidden, "shape"):  # dummy runs; intermediate tensors (PP)
             return hidden
-        self.omni_hooks.process_model_output(self._omni_io.take(hidden), self._omni_batch, self._omni_kwargs)
+        if batch is _AFTER_FORWARD:  # the same step's arrays: vLLM changes them only in the next _update_states
+            batch = self._omni_batch = self._lean_batch_view()
+        self.omni_hooks.process_model_output(self._omni_io.take(hidden), batch, self._omni_kwargs)
         self._omni_hidden = hidden
         return hidden
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from core.model_io import ModelOutputAdapter, omni_async_output_cls, split_output
+from core.model_io import ModelOutputAdapter, adapter_of, omni_async_output_cls, split_output
 from core.outputs import OmniOutput
 
 H, MAX_TOKENS = 4, 16
@@ -131,6 +131,74 @@ def test_the_placeholder_of_a_model_without_text_hidden_states_is_on_its_inputs_
     assert model(input_ids=torch.tensor([1, 2])).device.type == "cpu"  # and back, when the inputs move
 
 
+
+def test_no_module_hook_and_every_way_vllm_calls_the_model_lands_outputs_in_the_buffers(monkeypatch):
+    """The adapter wraps the instance's ``forward`` (issue 25): no forward hook or pre-hook is registered, so
+    ``nn.Module.__call__`` keeps its hook-free path on every step; every way vLLM calls the model -- ``model(...)``,
+    ``model.forward(...)``, vLLM's ``CUDAGraphWrapper`` around it (the H200's FULL graphs: capture and the
+    non-graph calls go through ``runnable(...)``), a torch.compile'd module -- still gets a tensor and lands the
+    outputs in the same persistent buffers (what a FULL-graph replay refreshes)."""
+    import inspect
+
+    model = OmniModel()
+    io = ModelOutputAdapter(model, MAX_TOKENS)
+    assert not model._forward_hooks and not model._forward_pre_hooks and not model._forward_hooks_with_kwargs
+    assert inspect.signature(model.forward) == inspect.signature(OmniModel().forward)  # vLLM / contract readers
+    ids = torch.tensor([1, 2, 3])
+    model(input_ids=ids, positions=None)  # the profile run: buffers allocated
+    buf = io._buffers["hidden"]
+    calls = {"module call": lambda i: model(input_ids=i, positions=None),
+             "forward": lambda i: model.forward(i, None, None, None),
+             "compiled": lambda i: torch.compile(model, backend="eager", dynamic=False)(input_ids=i, positions=None)}
+    pytest.importorskip("vllm")
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    from vllm.config import CUDAGraphMode
+    from vllm.platforms import current_platform
+
+    monkeypatch.setattr(type(current_platform), "_global_graph_pool", object(), raising=False)  # no graph pool on cpu
+    wrapper = CUDAGraphWrapper(model, types.SimpleNamespace(compilation_config=None), CUDAGraphMode.FULL)
+    calls["CUDAGraphWrapper"] = lambda i: wrapper(input_ids=i, positions=None)
+    for k, (name, call) in enumerate(calls.items()):
+        io.begin_step()
+        step_ids = torch.tensor([k + 4, k + 5])
+        out = call(step_ids)
+        assert isinstance(out, torch.Tensor) and out.shape == (2, H), name
+        got = io.take(out).multimodal_outputs["hidden"]
+        assert got.data_ptr() == buf.data_ptr(), name  # the same memory on every path
+        torch.testing.assert_close(got, model.embed(step_ids).detach() * 2, msg=name)
+    assert io.calls == 1 + len(calls)
+    assert not model._forward_hooks and not model._forward_pre_hooks
+
+
+def test_the_wrapped_forward_is_removed_replaced_and_keeps_the_models_own():
+    model = OmniModel()
+    first = ModelOutputAdapter(model, MAX_TOKENS)
+    second = ModelOutputAdapter(model, MAX_TOKENS)  # one adapter per model: the second replaces the first
+    assert adapter_of(model) is second and model.forward.__wrapped__.__func__ is OmniModel.forward
+    ids = torch.tensor([1, 2])
+    assert isinstance(model(ids), torch.Tensor) and (first.calls, second.calls) == (0, 1)
+    second.remove()
+    assert "forward" not in model.__dict__ and adapter_of(model) is None
+    assert isinstance(model(ids), OmniOutput)  # the model's own output again
+
+    own = []  # an instance forward set before the adapter (another wrapper) runs inside it and comes back
+    model.forward = lambda *a, **k: own.append(1) or OmniModel.forward(model, *a, **k)
+    before = model.forward
+    io = ModelOutputAdapter(model, MAX_TOKENS)
+    assert isinstance(model(ids), torch.Tensor) and own == [1]
+    io.remove()
+    assert model.forward is before
+
+    class Patched(OmniModel):
+        pass
+
+    model = Patched()
+    ModelOutputAdapter(model, MAX_TOKENS)
+    Patched.forward = lambda self, input_ids, *a, **k: OmniOutput(self.embed(input_ids) + 1, {})
+    # the class's forward is looked up at every call (as nn.Module.__call__ does): a later patch is seen
+    torch.testing.assert_close(model(ids), model.embed(ids) + 1)
+
+
 # ------------------------------------------------------------------ V1 runner
 def _v1_runner(model):
     """OmniV1RunnerMixin over a base that calls the model the way vLLM's V1
@@ -165,7 +233,8 @@ def test_v1_dummy_run_calls_the_model_directly_and_gets_a_tensor():
     runner.load_model()
     assert runner._dummy_run(8).shape == (1, H)  # before: 'OmniOutput' object is not subscriptable
     runner.load_model()  # a reload installs one adapter, not two
-    assert len(runner.model._forward_hooks) == 1
+    assert adapter_of(runner.model) is runner._omni_io and not runner.model._forward_hooks
+    assert runner.model.forward.__wrapped__.__func__ is OmniModel.forward  # wrapped once, over the model's own
 
 
 def test_v1_dummy_runs_of_a_preprocess_model_carry_embeddings_like_its_real_steps():
@@ -198,13 +267,16 @@ def test_v1_dummy_runs_of_a_preprocess_model_carry_embeddings_like_its_real_step
     assert torch.equal(out, torch.full((1, H), 7.0)) and torch.equal(buffer, torch.full((MAX_TOKENS, H), 7.0))
     real = torch.ones(3, H)
     assert torch.equal(model(input_ids=torch.zeros(3, dtype=torch.long), inputs_embeds=real), real)  # real steps kept
-    runner.load_model()  # a reload: one pre-hook, one post-hook
-    assert len(model._forward_pre_hooks) == 1 and len(model._forward_hooks) == 1
+    runner.load_model()  # a reload: one adapter, no module hooks
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    seen.clear()
+    runner._dummy_run(2)
+    assert seen == [(True, True)] and model.forward.__wrapped__.__func__ is Talker.forward
 
     plain = _v1_runner(OmniModel())  # a model without preprocess: vLLM's dummy inputs unchanged
     plain.omni_hooks.uses_preprocess = False
     plain.load_model()
-    assert not plain.model._forward_pre_hooks
+    assert plain._omni_io._embeds_for_ids is None and not plain.model._forward_pre_hooks
 
 
 # ------------------------------------------------------------------ async outputs

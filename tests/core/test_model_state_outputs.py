@@ -1,4 +1,4 @@
-"""The omni V2 ``ModelState`` (core.runner.model_state) on CPU tensors: the forward hook, the sampler hook, postprocess
+"""The omni V2 ``ModelState`` (core.runner.model_state) on CPU tensors: the model-output adapter, the sampler hook, postprocess
 and the multimodal outputs of one step; a simulated FULL-graph replay (the persistent buffers written as a
 replayed graph writes them; no graph runs on CPU); the graph-mode opt-out of models with per-request kwargs.
 Fakes: ``tests/core/v2_fakes.py``.
@@ -16,7 +16,7 @@ from tests.core.v2_fakes import (  # noqa: E402
 )
 
 
-# --------------------------------------- forward hook, sampler, postprocess, MTP
+# --------------------------------------- model-output adapter, sampler, postprocess, MTP
 @needs_vllm
 def test_one_step_postprocess_and_multimodal_outputs_through_the_sampler(vllm_config):
     from vllm.v1.worker.gpu.sample.output import SamplerOutput
@@ -30,7 +30,8 @@ def test_one_step_postprocess_and_multimodal_outputs_through_the_sampler(vllm_co
     kw = state.prepare_inputs(b, rs)
     out = model(**{"input_ids": b.input_ids, "positions": None, **kw})
     assert isinstance(out, torch.Tensor) and out.shape == (NUM_TOKENS, H)  # vLLM's V2 runner asserts a tensor
-    raw = model.forward(**{"input_ids": None, "positions": None, **kw})  # the same forward, no hook
+    raw = type(model).forward(model, **{"input_ids": None, "positions": None, **kw})  # the model's own forward
+    assert not model._forward_hooks and not model._forward_pre_hooks  # the adapter wraps forward: no module hook
     torch.testing.assert_close(out, raw.text_hidden_states)
     sampler, rejection = omni_sampler(state, greedy_inner())
     assert rejection is None and sampler.compute_nans is False  # other attributes are vLLM's sampler's
@@ -62,7 +63,7 @@ def test_full_graph_replay_reads_the_persistent_outputs(vllm_config):
     assert hidden_buf.shape == (MAX_TOKENS, H) and mm_buf.shape == (MAX_TOKENS, H)
     b = input_batch(padded=16)
     kw = state.prepare_inputs(b, rs)
-    replayed = model.forward(**{"input_ids": None, "positions": None, **kw})  # what the graph computes
+    replayed = type(model).forward(model, **{"input_ids": None, "positions": None, **kw})  # what the graph computes
     hidden_buf[:16].copy_(replayed.text_hidden_states.detach())  # ... into the captured buffers
     mm_buf[:16].copy_(replayed.multimodal_outputs["hidden"].detach())
     sampler, _ = omni_sampler(state, greedy_inner())
