@@ -49,13 +49,14 @@ def split_output(output: Any) -> tuple[Any, dict[str, Any]]:
     Recognises :class:`core.outputs.OmniOutput` and anything with the two
     attributes ``text_hidden_states`` / ``multimodal_outputs`` (vLLM-Omni's
     ``OmniOutput`` NamedTuple included); a bare tensor is its own hidden
-    states. ``multimodal_outputs`` may be ``None``. Nested
-    ``{category: {qualifier: value}}`` dicts are kept as they are.
+    states. ``multimodal_outputs`` may be ``None`` (then ``{}``); the model's
+    own dict is returned, not a copy. Nested ``{category: {qualifier: value}}``
+    dicts are kept as they are.
     """
     if isinstance(output, torch.Tensor):
         return output, {}
     if hasattr(output, "text_hidden_states") and hasattr(output, "multimodal_outputs"):
-        return output.text_hidden_states, dict(output.multimodal_outputs or {})
+        return output.text_hidden_states, output.multimodal_outputs or {}
     raise TypeError(
         f"the omni model returned {type(output).__name__}; return a tensor [num_tokens, hidden] or an OmniOutput "
         "(text_hidden_states, multimodal_outputs)"
@@ -190,17 +191,12 @@ class ModelOutputAdapter:
     # ---------------------------------------------------------------- every call
     def _on_output(self, args: Any, kwargs: dict[str, Any], output: Any) -> torch.Tensor:
         self.calls += 1
-        # vLLM calls with keywords: no merge of positional names then
-        signature = call_signature(args, kwargs) if args else \
-            (isinstance(kwargs.get("input_ids"), torch.Tensor), isinstance(kwargs.get("inputs_embeds"), torch.Tensor))
+        signature = call_signature(args, kwargs)
         if signature != self._signature:
             if self._signature is not None:
                 raise ModelCallSignatureError(type(self._model).__name__, self._signature, signature)
             self._signature = signature
-        if isinstance(output, torch.Tensor):
-            hidden, mm = output, None
-        else:
-            hidden, mm = _split(output)
+        hidden, mm = split_output(output)
         if hidden is None:
             hidden = self._zeros(*_num_tokens(args, kwargs))
         persistent = self.persistent
@@ -254,7 +250,7 @@ class ModelOutputAdapter:
             )
         mm = self._mm
         if mm is not _ABSENT:  # the forward's own outputs (no persistent copy made, or none to make)
-            return OmniOutput(hidden, mm if mm is not None else {})
+            return OmniOutput(hidden, mm)
         n = hidden.shape[0]
         buffers = self._buffers
         mm = {k: b if (b := buffers[k]).shape[0] == n else b[:n] for k in self._tensor_keys}
@@ -271,14 +267,6 @@ _ABSENT = object()
 def adapter_of(model: Any) -> ModelOutputAdapter | None:
     """The :class:`ModelOutputAdapter` wrapping ``model``'s ``forward``, or ``None``."""
     return getattr(getattr(model, "__dict__", {}).get("forward"), ADAPTER_ATTR, None)
-
-
-def _split(output: Any) -> tuple[Any, Any]:
-    """:func:`split_output` without the copy of the multimodal dict (read, not kept)."""
-    mm = getattr(output, "multimodal_outputs", _ABSENT)
-    if mm is _ABSENT or not hasattr(output, "text_hidden_states"):
-        return split_output(output)  # raises the one clear error
-    return output.text_hidden_states, mm
 
 
 

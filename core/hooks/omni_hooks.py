@@ -33,8 +33,7 @@ from core.hooks.contract import ModelContract, read_contract
 from core.hooks.graphs import graphs_enabled, no_full_graphs
 from core.hooks.talker_mtp import TalkerMTP, request_generator
 from core.kinds import AR, GENERATION, KINDS
-from core.outputs import (HostSlabs, OmniModelRunnerOutput, OmniOutput, StepOutputs, StepRows, as_omni_output,
-                          flatten_multimodal)
+from core.outputs import HostSlabs, OmniModelRunnerOutput, StepOutputs, StepRows, as_omni_output, flatten_multimodal
 from core.payloads import EXTRA_ARGS_KEY, PayloadStore, unpack
 from core.seams import CUDAGRAPH_MODE
 from omni_backends.backend import Backend
@@ -351,10 +350,11 @@ class OmniHooks:
         something else; ``None`` for a plain tensor of a model without it."""
         omni = as_omni_output(output)
         make = self.contract.make_omni_output
-        if make is not None and isinstance(output, torch.Tensor):
+        if make is None:  # most models, every step: the output as it is
+            return omni
+        if isinstance(output, torch.Tensor):
             return as_omni_output(make(output, **(model_kwargs or {})))
-        if make is not None and omni is not None and not omni.multimodal_outputs \
-                and omni.text_hidden_states is not None:
+        if omni is not None and not omni.multimodal_outputs and omni.text_hidden_states is not None:
             # the model-output adapter (core.model_io) hands a bare forward result over as (hidden, {})
             return as_omni_output(make(omni.text_hidden_states, **(model_kwargs or {})))
         return omni
@@ -371,9 +371,7 @@ class OmniHooks:
         through ``Backend.to_host``. Returns the text hidden states
         ``[num_tokens, H]`` (``None`` if the model returns none)."""
         c = self.contract
-        # the adapter's output of a model without make_omni_output (every step of most models): as it is
-        omni = output if type(output) is OmniOutput and c.make_omni_output is None else \
-            self.normalize_output(output, model_kwargs)
+        omni = self.normalize_output(output, model_kwargs)
         hidden = omni.text_hidden_states if omni is not None else output
         mm = (omni.multimodal_outputs if omni is not None else None) or {}
         if c.postprocess is not None:
