@@ -416,12 +416,7 @@ class OmniHooks:
         tensors, fenced = {}, False
         for key, value in flat.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0 and (rows := value.shape[0]) >= num_tokens:
-                if rows != num_tokens:
-                    value = value[:num_tokens]
-                if value.is_cpu:  # one copy into the host slabs, no device path to choose
-                    tensors[key] = self._slabs.copy(value)
-                    continue
-                host, in_flight = self._host_copy(value)
+                host, in_flight = self._host_copy(value[:num_tokens] if rows != num_tokens else value)
                 tensors[key] = host
                 fenced |= in_flight
             elif isinstance(value, (list, tuple)) and len(value) == n:
