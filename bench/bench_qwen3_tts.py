@@ -313,8 +313,8 @@ class Streamer:
             rid = f"r{self.count}"
             self.count += 1
             recs[rid] = {"id": rid, "submit": time.perf_counter(), "first": None, "last": None, "samples": 0,
-                         "sr": None, "frames": 0, "sent": 0, "chunks": 0, "pending": {}, "talker_done": False,
-                         "talker_end": None, "chunk_ms": []}
+                         "sr": None, "frames": 0, "sent": 0, "chunks": 0, "pending": {}, "talker_end": None,
+                         "chunk_ms": []}
             self._submit_talker(rid, 1000 + self.count)
         chunk, first = self.args.chunk_frames, self.args.first_chunk_frames
         while self.talker.has_unfinished_requests() or self.c2w.has_unfinished_requests():
@@ -347,7 +347,6 @@ class Streamer:
                         end = min(have, rec["sent"] + (first if rec["chunks"] == 0 else chunk))
                         self._submit_chunk(rec, frames, rec["sent"], end)
                         rec["sent"] = end
-                    rec["talker_done"] = out.finished
                     if out.finished:
                         rec["talker_end"] = time.perf_counter()
         for rec in recs.values():
