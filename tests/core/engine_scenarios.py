@@ -249,7 +249,11 @@ def talker_batch(demo_dir: str) -> dict:
 
 
 def payload_lifecycle(talker: str) -> dict:
-    """Talker requests with payloads: one finishes, one is aborted mid-way."""
+    """Talker requests with payloads: one finishes, one is aborted mid-way; then a live one.
+
+    Each snapshot (``omni_state``) is taken while the requests it must see are far from done: a multiprocess
+    engine core (the default off cpu) steps on its own between ``step()`` calls, so a request of a few tokens
+    may finish, and its payload be released, before the snapshot arrives."""
     import torch
     from vllm import SamplingParams
 
@@ -258,8 +262,9 @@ def payload_lifecycle(talker: str) -> dict:
     llm = omni_engine(talker, skip_tokenizer_init=True)
     eng = llm.llm_engine
     g = torch.Generator().manual_seed(0)
-    ids = {"done": "talk-done", "aborted": "talk-aborted"}
-    for name, n_tokens in (("done", 3), ("aborted", 50)):
+    ids = {"done": "talk-done", "aborted": "talk-aborted", "live": "talk-next"}
+    long = 200  # steps a request stays live (max_model_len 256, prompts of 6)
+    for name, n_tokens in (("done", 40), ("aborted", long)):
         payload = pack({"thinker_hidden": torch.randn(6, 128, generator=g), "voice": 1})
         params = SamplingParams(max_tokens=n_tokens, temperature=0.0, ignore_eos=True,
                                 extra_args={EXTRA_ARGS_KEY: payload}, detokenize=False)
@@ -271,11 +276,15 @@ def payload_lifecycle(talker: str) -> dict:
     eng.abort_request([ids["aborted"]])
     while eng.has_unfinished_requests():
         eng.step()
-    # One more request: its first step carries the previous finished/aborted ids to the worker.
-    eng.add_request("talk-next", {"prompt_token_ids": [0] * 4},
-                    SamplingParams(max_tokens=1, extra_args={EXTRA_ARGS_KEY: pack({"thinker_hidden": torch.randn(4, 128), "voice": 0})}))
+    # A live request: in process, its first step carries the finished/aborted ids to the worker (a multiprocess
+    # engine core sends them on a step of their own as soon as they finish); its payload must stay.
+    eng.add_request(ids["live"], {"prompt_token_ids": [0] * 4},
+                    SamplingParams(max_tokens=long, temperature=0.0, ignore_eos=True, detokenize=False,
+                                   extra_args={EXTRA_ARGS_KEY: pack({"thinker_hidden": torch.randn(4, 128),
+                                                                     "voice": 0})}))
     eng.step()
     after = llm.collective_rpc("omni_state")
+    eng.abort_request([ids["live"]])
     shutdown(llm)
     return {"ids": ids, "during": during, "after": after}
 
