@@ -1,7 +1,8 @@
 """Qwen3-TTS through the core: real-time factor, time to first audio, audio seconds per second.
 
     python bench/bench_qwen3_tts.py [--size tiny|0.6b|1.7b] [--frames 48] [--chunk-frames 12]
-                                    [--concurrency 1,8,64] [--reps 3] [--device cpu] [--dtype float32]
+                                    [--concurrency 1,8,64] [--reps 3] [--request-seeds none,per-request]
+                                    [--device cpu] [--dtype float32]
                                     [--runner auto|v1|v2] [--enforce-eager] [--model-dir DIR] [--out DIR]
 
 vLLM-Omni 0.30.0's own, unchanged Qwen3-TTS classes (talker ``Qwen3TTSTalkerForConditionalGeneration``,
@@ -12,7 +13,12 @@ written under ``--work-dir`` unless ``--model-dir`` names one; its write time is
 
 Every request is a CustomVoice synthesis of the same text with a fixed output length: ``--frames`` codec
 frames (``max_tokens = frames + 1``, ``ignore_eos``; talker sampling temperature 0.9 / top-k 50 as
-vLLM-Omni's deploy config, per-request seeds). The talker's frames stream to code2wav in chunks of
+vLLM-Omni's deploy config). ``--request-seeds``: ``none`` (the default: requests as a serving client sends
+them, no seed) and/or ``per-request`` (vLLM's ``SamplingParams.seed`` plus vLLM-Omni's ``tts_local_seed``
+for the talker MTP, which gives each request its own ``torch.Generator``); each mode measures every
+concurrency on the same engines. A call with generators runs the talker MTP's unwrapped head (a captured
+graph would freeze one generator's state; ``core.hooks.talker_mtp``), so ``per-request`` shows the eager
+MTP's cost; every row reports the talker MTP's mode and the graph replays it made. The talker's frames stream to code2wav in chunks of
 ``--chunk-frames`` (the first one ``--first-chunk-frames``; each chunk request carries ``--left-context``
 earlier frames and keeps the samples of its own frames), so the first audio comes while the talker runs. ``--engines``:
 
@@ -80,6 +86,7 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 SIZES = ("tiny", "0.6b", "1.7b")
+REQUEST_SEEDS = ("none", "per-request")
 DTYPES = ("float32", "bfloat16", "float16")
 RUNNERS = ("auto", "v1", "v2")
 MAX_CONCURRENCY = 1024
@@ -113,6 +120,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--left-context", type=int, default=25, help="earlier frames each chunk carries, 0..1024")
     ap.add_argument("--concurrency", default="1,8,64", help=f"comma list, each 1..{MAX_CONCURRENCY}")
     ap.add_argument("--reps", type=int, default=3, help="concurrency-1 requests measured one after another, 1..100")
+    ap.add_argument("--request-seeds", default="none",
+                    help="comma list of none / per-request: unseeded requests, or each with its own seed for vLLM's "
+                         "sampler and the talker MTP (tts_local_seed); each mode measures every concurrency")
     ap.add_argument("--device", default=None, help="driver (default: OMNI_BACKENDS_DEVICE, else auto)")
     ap.add_argument("--dtype", default=None, choices=DTYPES,
                     help="model dtype (default: float32 for tiny, bfloat16 for the real sizes)")
@@ -129,6 +139,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", default=None, help="write bench_qwen3_tts.json / .md here")
     args = ap.parse_args(argv)
     args.concurrency = _int_list(args.concurrency, "--concurrency", 1, MAX_CONCURRENCY, ap)
+    args.request_seeds = [m.strip() for m in args.request_seeds.split(",") if m.strip()]
+    if not args.request_seeds or any(m not in REQUEST_SEEDS for m in args.request_seeds):
+        ap.error(f"--request-seeds must be a comma list of {' / '.join(REQUEST_SEEDS)}, got {args.request_seeds!r}")
     if not 1 <= args.frames <= MAX_FRAMES:
         ap.error(f"--frames must be in 1..{MAX_FRAMES}, got {args.frames}")
     if not 1 <= args.chunk_frames <= args.frames:
@@ -271,6 +284,29 @@ def talker_request(model_dir: str, text: str) -> tuple[dict, int]:
     return info, int(n)
 
 
+def talker_params(args: argparse.Namespace, payload: dict, seed: int | None, output_kind):
+    """A talker request's ``SamplingParams``: ``frames + 1`` tokens, ``ignore_eos``, temperature 0.9 / top-k 50;
+    with ``seed``: vLLM's ``seed`` and vLLM-Omni's ``tts_local_seed`` (``core.hooks.MTP_SEED_KEY``)."""
+    from vllm import SamplingParams
+
+    from core.hooks import MTP_SEED_KEY
+    from core.payloads import EXTRA_ARGS_KEY, pack
+
+    extra = {EXTRA_ARGS_KEY: pack(payload)}
+    if seed is not None:
+        extra[MTP_SEED_KEY] = seed
+    return SamplingParams(max_tokens=args.frames + 1, temperature=0.9, top_k=50, seed=seed, ignore_eos=True,
+                          detokenize=False, output_kind=output_kind, extra_args=extra)
+
+
+async def talker_mtp_state(talker, engines: str) -> dict:
+    """The talker worker's MTP mode and graph counts (``OmniWorkerMixin.omni_state``: ``mtp_mode``,
+    ``mtp_graph`` = ``{"sizes", "captured", "replays"}`` or ``None`` when the head runs eager)."""
+    states = await talker.collective_rpc("omni_state") if engines == "async" else talker.collective_rpc("omni_state")
+    state = states[0]
+    return {"mode": state.get("mtp_mode"), "graph": state.get("mtp_graph")}
+
+
 class Streamer:
     """Runs requests through talker -> code2wav in chunks, both engines stepped by one loop.
 
@@ -282,16 +318,10 @@ class Streamer:
         self.payload, self.prompt_len = payload, prompt_len
         self.count = 0
 
-    def _submit_talker(self, rid: str, seed: int) -> None:
-        from vllm import SamplingParams
+    def _submit_talker(self, rid: str, seed: int | None) -> None:
         from vllm.sampling_params import RequestOutputKind
 
-        from core.hooks import MTP_SEED_KEY
-        from core.payloads import EXTRA_ARGS_KEY, pack
-
-        p = SamplingParams(max_tokens=self.args.frames + 1, temperature=0.9, top_k=50, seed=seed, ignore_eos=True,
-                           detokenize=False, output_kind=RequestOutputKind.CUMULATIVE,
-                           extra_args={EXTRA_ARGS_KEY: pack(self.payload), MTP_SEED_KEY: seed})
+        p = talker_params(self.args, self.payload, seed, RequestOutputKind.CUMULATIVE)
         self.talker.add_request(rid, {"prompt_token_ids": [0] * self.prompt_len}, p)
 
     def _submit_chunk(self, rec: dict, frames, start: int, end: int) -> None:
@@ -305,7 +335,7 @@ class Streamer:
         self.c2w.add_request(cid, {"prompt_token_ids": codes.t().reshape(-1).tolist()},
                              SamplingParams(max_tokens=1, detokenize=False))
 
-    def run(self, n: int) -> list[dict]:
+    def run(self, n: int, seeded: bool = False) -> list[dict]:
         import torch
 
         recs = {}
@@ -315,7 +345,7 @@ class Streamer:
             recs[rid] = {"id": rid, "submit": time.perf_counter(), "first": None, "last": None, "samples": 0,
                          "sr": None, "frames": 0, "sent": 0, "chunks": 0, "pending": {}, "talker_end": None,
                          "chunk_ms": []}
-            self._submit_talker(rid, 1000 + self.count)
+            self._submit_talker(rid, 1000 + self.count if seeded else None)
         chunk, first = self.args.chunk_frames, self.args.first_chunk_frames
         while self.talker.has_unfinished_requests() or self.c2w.has_unfinished_requests():
             if self.c2w.has_unfinished_requests():
@@ -388,23 +418,17 @@ class AsyncStreamer:
             rec["first"] = now
         rec["last"] = max(rec["last"] or now, now)
 
-    async def _one(self, seed: int) -> dict:
+    async def _one(self, seed: int | None) -> dict:
         import asyncio
 
         import torch
-        from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
-
-        from core.hooks import MTP_SEED_KEY
-        from core.payloads import EXTRA_ARGS_KEY, pack
 
         rid = f"r{self.count}"
         self.count += 1
         rec = {"id": rid, "submit": time.perf_counter(), "first": None, "last": None, "samples": 0, "sr": None,
                "frames": 0, "chunks": 0, "talker_end": None, "chunk_ms": []}
-        p = SamplingParams(max_tokens=self.args.frames + 1, temperature=0.9, top_k=50, seed=seed, ignore_eos=True,
-                           detokenize=False, output_kind=RequestOutputKind.DELTA,
-                           extra_args={EXTRA_ARGS_KEY: pack(self.payload), MTP_SEED_KEY: seed})
+        p = talker_params(self.args, self.payload, seed, RequestOutputKind.DELTA)
         rows, n_rows, sent, tasks = [], 0, 0, []
         chunk, first = self.args.chunk_frames, self.args.first_chunk_frames
         async for out in self.talker.generate({"prompt_token_ids": [0] * self.prompt_len}, p, rid):
@@ -428,10 +452,10 @@ class AsyncStreamer:
             raise RuntimeError(f"request {rid}: {rec['frames']} frames of {self.args.frames}, first audio {rec['first']}")
         return rec
 
-    async def run(self, n: int) -> list[dict]:
+    async def run(self, n: int, seeded: bool = False) -> list[dict]:
         import asyncio
 
-        return list(await asyncio.gather(*(self._one(1000 + self.count + i) for i in range(n))))
+        return list(await asyncio.gather(*(self._one(1000 + self.count + i if seeded else None) for i in range(n))))
 
 
 # ------------------------------------------------------------------ measure
@@ -460,22 +484,31 @@ async def measure(args: argparse.Namespace, res: dict, talker, c2w, payload: dic
     else:
         streamer = Streamer(talker, c2w, args, payload, prompt_len)
 
-        async def run_n(n: int) -> list[dict]:
-            return streamer.run(n)
+        async def run_n(n: int, seeded: bool = False) -> list[dict]:
+            return streamer.run(n, seeded)
 
     t0 = time.perf_counter()
     await run_n(1)  # warm-up
     res["info"]["warmup_s"] = time.perf_counter() - t0
-    for c in args.concurrency:
-        print(f"[bench] concurrency {c} ...", file=sys.stderr, flush=True)
-        if c == 1:
-            recs = [r for _ in range(args.reps) for r in await run_n(1)]
-            row = summarize(1, recs)
-            row["audio_s_per_s"] = statistics.median(r["samples"] / r["sr"] / (r["last"] - r["submit"]) for r in recs)
-        else:
-            row = summarize(c, await run_n(c))
-        res["rows"].append(row)
-        print(f"[bench] {json.dumps(row)}", file=sys.stderr, flush=True)
+    for mode in args.request_seeds:
+        seeded = mode == "per-request"
+        for c in args.concurrency:
+            print(f"[bench] request seeds {mode}, concurrency {c} ...", file=sys.stderr, flush=True)
+            before = await talker_mtp_state(talker, args.engines)
+            if c == 1:
+                recs = [r for _ in range(args.reps) for r in await run_n(1, seeded)]
+                row = summarize(1, recs)
+                row["audio_s_per_s"] = statistics.median(r["samples"] / r["sr"] / (r["last"] - r["submit"])
+                                                         for r in recs)
+            else:
+                row = summarize(c, await run_n(c, seeded))
+            after = await talker_mtp_state(talker, args.engines)
+            row["request_seeds"] = mode
+            row["talker_mtp"] = after["mode"]
+            row["mtp_graph_replays"] = (after["graph"]["replays"] - before["graph"]["replays"]
+                                        if after["graph"] and before["graph"] else None)
+            res["rows"].append(row)
+            print(f"[bench] {json.dumps(row)}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -514,7 +547,7 @@ def run(args: argparse.Namespace) -> dict:
         checkpoint=checkpoint_info(model_dir), model_dir=model_dir, device=backend.name, dtype=args.dtype,
         runner=args.runner, engines=args.engines, enforce_eager=args.enforce_eager,
         frames=args.frames, chunk_frames=args.chunk_frames, first_chunk_frames=args.first_chunk_frames,
-        left_context=args.left_context, reps=args.reps,
+        left_context=args.left_context, reps=args.reps, request_seeds=args.request_seeds,
         prompt_len=prompt_len, torch=torch.__version__, host=platform.node(),
         gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
     import vllm
@@ -535,18 +568,25 @@ def render(res: dict) -> str:
              f"engine start: talker {i['talker_start_s']:.1f} s, code2wav {i['code2wav_start_s']:.1f} s"
              + (f"; checkpoint written in {i['checkpoint_write_s']:.1f} s" if "checkpoint_write_s" in i else ""),
              "",
-             "| concurrency | requests | audio s / request | TTFA ms (median) | RTF (median) | audio-s/s | wall s | anchor |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| request seeds | concurrency | requests | audio s / request | TTFA ms (median) | RTF (median) | audio-s/s "
+             "| wall s | talker MTP (graph replays) | anchor |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         anchor = (f"RTF {a['rtf_c1']}, TTFA {a['ttfa_ms_c1']:.0f} ms (H200)" if r["concurrency"] == 1 else
                   f"~{a['audio_s_per_s_c64']:.0f} audio-s/s (H100)" if r["concurrency"] == 64 else "")
-        lines.append(f"| {r['concurrency']} | {r['requests']} | {r['audio_s_per_request']:.3f} | {r['ttfa_ms']:.1f} | "
-                     f"{r['rtf']:.3f} | {r['audio_s_per_s']:.2f} | {r['wall_s']:.2f} | {anchor} |")
+        mtp = r.get("talker_mtp") or "-"
+        if r.get("mtp_graph_replays") is not None:
+            mtp += f" ({r['mtp_graph_replays']})"
+        lines.append(f"| {r.get('request_seeds', 'per-request')} | {r['concurrency']} | {r['requests']} | "
+                     f"{r['audio_s_per_request']:.3f} | {r['ttfa_ms']:.1f} | {r['rtf']:.3f} | {r['audio_s_per_s']:.2f} | "
+                     f"{r['wall_s']:.2f} | {mtp} | {anchor} |")
     lines += ["", "where the time goes (medians): the talker per frame (submit to its last frame / frames), one "
               "code2wav chunk (submit to waveform), the last audio after the talker finished", "",
-              "| concurrency | talker ms / frame | code2wav ms / chunk | after the talker ms |", "|---|---|---|---|"]
-    lines += [f"| {r['concurrency']} | {r['talker_ms_per_frame']:.2f} | {r['code2wav_ms_per_chunk']:.1f} | "
-              f"{r['after_talker_ms']:.1f} |" for r in res["rows"] if "talker_ms_per_frame" in r]
+              "| request seeds | concurrency | talker ms / frame | code2wav ms / chunk | after the talker ms |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {r.get('request_seeds', 'per-request')} | {r['concurrency']} | {r['talker_ms_per_frame']:.2f} | "
+              f"{r['code2wav_ms_per_chunk']:.1f} | {r['after_talker_ms']:.1f} |" for r in res["rows"]
+              if "talker_ms_per_frame" in r]
     lines += ["", f"anchors (never asserted): {a['source']}"]
     return "\n".join(lines)
 

@@ -100,7 +100,8 @@ BENCHES = [
            ("warm decide median s", lambda d: d["warm"]["decide_median"]))),
     Bench("bench_qwen3_tts.py", _QWEN3_ARGS, "bench_qwen3_tts.json", frozenset({"info", "rows", "anchors"}),
           _QWEN3_FIGURES),
-    Bench("bench_qwen3_tts.py", (*_QWEN3_ARGS, "--engines", "async"), "bench_qwen3_tts.json",
+    Bench("bench_qwen3_tts.py", (*_QWEN3_ARGS, "--engines", "async", "--request-seeds", "per-request"),
+          "bench_qwen3_tts.json",
           frozenset({"info", "rows", "anchors"}), _QWEN3_FIGURES, name="bench_qwen3_tts.py-async",
           unavailable=_no_async_factory),
 ]
@@ -112,6 +113,7 @@ GPU_ONLY = {"bench_cuda.py": "the cuda driver's graph replay and copies (torch C
 BAD_INPUT = [
     ("bench_qwen3_tts.py", ("--frames", "0"), "--frames"),
     ("bench_qwen3_tts.py", ("--concurrency", "1,0"), "--concurrency"),
+    ("bench_qwen3_tts.py", ("--request-seeds", "none,sometimes"), "--request-seeds"),
     ("bench_qwen3_tts.py", ("--frames", "8", "--chunk-frames", "9"), "--chunk-frames"),
     ("bench_qwen3_tts.py", ("--device", "cuda"), "--device"),
     ("bench_qwen3_tts.py", ("--runner", "v2", "--device", "cpu"), "--runner"),

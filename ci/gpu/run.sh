@@ -162,7 +162,8 @@ part_qwen3() {  # vLLM-Omni's Qwen3-TTS classes only, the variants in OMNI_TEST_
   local rc=$?; echo "rc=$rc" >> "$d/log.txt"; tail -15 "$d/log.txt"; return $rc
 }
 
-part_qwen3_size() {  # QWEN3_SIZES (default "1.7b 0.6b"), QWEN3_RUNNERS (default "v2 v1"), QWEN3_BENCH_ARGS
+part_qwen3_size() {  # QWEN3_SIZES (default "1.7b 0.6b"), QWEN3_RUNNERS (default "v2 v1"), QWEN3_REQUEST_SEEDS
+  # (default "none,per-request"), QWEN3_BENCH_ARGS
   local d="$OUT/qwen3-size"; mkdir -p "$d"
   header qwen3-size > "$d/log.txt"
   local size runner rc t0
@@ -180,8 +181,9 @@ part_qwen3_size() {  # QWEN3_SIZES (default "1.7b 0.6b"), QWEN3_RUNNERS (default
       if (( $(left) < 150 )); then echo "$size $runner: not started (time)" | tee -a "$d/log.txt" "$OUT/not-run.txt"; continue; fi
       t0=$SECONDS
       # shellcheck disable=SC2086
-      timeout "$(( $(left) < 240 ? $(left) : 240 ))" python3 bench/bench_qwen3_tts.py --device cuda --dtype bfloat16 \
+      timeout "$(( $(left) < 300 ? $(left) : 300 ))" python3 bench/bench_qwen3_tts.py --device cuda --dtype bfloat16 \
           --size "$size" --model-dir "$ckpt" --runner "$runner" --concurrency 1,8,64 --reps 3 --frames 96 \
+          --request-seeds "${QWEN3_REQUEST_SEEDS:-none,per-request}" \
           --chunk-frames 25 --first-chunk-frames 1 --left-context 25 ${QWEN3_BENCH_ARGS:-} --out "$d/$size-$runner" \
           > "$d/$size-$runner.txt" 2>&1
       rc=$?; echo "$size $runner: rc=$rc $((SECONDS - t0)) s" | tee -a "$d/log.txt"
