@@ -22,8 +22,8 @@
 #                   imports that the stack lacks (2026-12-02: soundfile, then prettytable were missing)
 #   qwen3-size      vLLM-Omni's Qwen3-TTS at the released 1.7B and 0.6B shapes (random bf16 weights written under /tmp
 #                   on the GPU, core.models.qwen3_tts_checkpoint) through the core, bench/bench_qwen3_tts.py on cuda
-#                   bf16, V2 then V1, concurrency 1/8/64: RTF + time to first audio at 1, audio-s/s at 8 and 64,
-#                   engine starts; 1.7B first; a run that cannot start in time is listed, not started. Needs .whl/ as
+#                   bf16, V2 then V1, concurrency 1/8/64, unseeded then per-request seeds (QWEN3_REQUEST_SEEDS):
+#                   RTF + time to first audio at 1, audio-s/s at 8 and 64, engine starts; 1.7B first; a run that cannot start in time is listed, not started. Needs .whl/ as
 #                   `qwen3` does
 #   mainjobs        five `omni-backends run --device cuda` back to back (vLLM's defaults), one seed: every exit
 #                   status, wall and engine-start times, and whether every out.wav is byte-identical
