@@ -3,7 +3,8 @@
     python bench/bench_qwen3_tts.py [--size tiny|0.6b|1.7b] [--frames 48] [--chunk-frames 12]
                                     [--concurrency 1,8,64] [--reps 3] [--request-seeds none,per-request]
                                     [--device cpu] [--dtype float32]
-                                    [--runner auto|v1|v2] [--enforce-eager] [--model-dir DIR] [--out DIR]
+                                    [--runner auto|v1|v2] [--enforce-eager] [--model-inner-compile]
+                                    [--model-dir DIR] [--out DIR]
 
 vLLM-Omni 0.30.0's own, unchanged Qwen3-TTS classes (talker ``Qwen3TTSTalkerForConditionalGeneration``,
 its code predictor as the talker MTP; ``Qwen3TTSCode2Wav``) on two engines built by the core's factory
@@ -18,7 +19,9 @@ them, no seed) and/or ``per-request`` (vLLM's ``SamplingParams.seed`` plus vLLM-
 for the talker MTP, which gives each request its own ``torch.Generator``); each mode measures every
 concurrency on the same engines. A call with generators runs the talker MTP's unwrapped head (a captured
 graph would freeze one generator's state; ``core.hooks.talker_mtp``), so ``per-request`` shows the eager
-MTP's cost; every row reports the talker MTP's mode and the graph replays it made. The talker's frames stream to code2wav in chunks of
+MTP's cost; every row reports the talker MTP's mode and the graph replays it made. ``--model-inner-compile``
+lets vLLM-Omni's code predictor ``torch.compile`` itself (``OMNI_BACKENDS_MODEL_INNER_COMPILE=1``,
+``core.models.vllm_omni``), as on vLLM-Omni's own CUDA platform; the default host answers that it may not. The talker's frames stream to code2wav in chunks of
 ``--chunk-frames`` (the first one ``--first-chunk-frames``; each chunk request carries ``--left-context``
 earlier frames and keeps the samples of its own frames), so the first audio comes while the talker runs. ``--engines``:
 
@@ -132,6 +135,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "their processes, stages overlap); auto: async where core.stage.make_async_engine exists "
                          "and the driver captures graphs (a GPU), else sync")
     ap.add_argument("--enforce-eager", action="store_true", help="no compilation / graphs (cpu: always)")
+    ap.add_argument("--model-inner-compile", action="store_true",
+                    help="let vLLM-Omni's model code torch.compile its inner modules, e.g. the code predictor "
+                         "(sets OMNI_BACKENDS_MODEL_INNER_COMPILE=1 for the engines; default: the environment's)")
     ap.add_argument("--seed", type=int, default=1234, help="checkpoint seed, 0..2**32-1")
     ap.add_argument("--model-dir", default=None, help="an existing checkpoint (default: write one)")
     ap.add_argument("--work-dir", default=None, help="where the checkpoint is written (default: a temp dir)")
@@ -167,9 +173,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def prepare(args: argparse.Namespace):
     """Select the driver and check the runner / graph choices; exit 2 naming the option on failure."""
+    from core.models.vllm_omni import INNER_COMPILE_ENV, inner_compile_allowed
     from core.stage import EngineChoices, check_engine_choices, prepare_device
     from omni_backends.errors import OmniBackendError
 
+    if args.model_inner_compile:
+        os.environ[INNER_COMPILE_ENV] = "1"
+    try:
+        args.model_inner_compile = inner_compile_allowed()
+    except ValueError as exc:
+        args.ap.error(str(exc))
     try:
         sel = prepare_device(args.device)
     except (OmniBackendError, ValueError) as exc:
@@ -546,6 +559,7 @@ def run(args: argparse.Namespace) -> dict:
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), size=args.size,
         checkpoint=checkpoint_info(model_dir), model_dir=model_dir, device=backend.name, dtype=args.dtype,
         runner=args.runner, engines=args.engines, enforce_eager=args.enforce_eager,
+        model_inner_compile=args.model_inner_compile,
         frames=args.frames, chunk_frames=args.chunk_frames, first_chunk_frames=args.first_chunk_frames,
         left_context=args.left_context, reps=args.reps, request_seeds=args.request_seeds,
         prompt_len=prompt_len, torch=torch.__version__, host=platform.node(),
@@ -562,7 +576,8 @@ def render(res: dict) -> str:
     lines = [f"Qwen3-TTS {i['size']} (random weights, {i['frames']} frames/request, first chunk "
              f"{i['first_chunk_frames']} frames, then chunks of {i['chunk_frames']} + "
              f"{i['left_context']} context) through the core on {i['device']} {i['dtype']}, talker on "
-             f"{i['talker_runner']}, code2wav on {i['code2wav_runner']} (--runner {i['runner']}), {i['engines']} engines, enforce_eager={i['enforce_eager']}, vLLM {i['vllm']}, "
+             f"{i['talker_runner']}, code2wav on {i['code2wav_runner']} (--runner {i['runner']}), {i['engines']} engines, enforce_eager={i['enforce_eager']}, "
+             f"model inner compile={i.get('model_inner_compile', False)}, vLLM {i['vllm']}, "
              f"torch {i['torch']}, {i['date']}",
              "",
              f"engine start: talker {i['talker_start_s']:.1f} s, code2wav {i['code2wav_start_s']:.1f} s"

@@ -21,7 +21,8 @@ the process. So:
   ``UnspecifiedOmniPlatform``, the one it picks on a CPU host). The loader
   installs :class:`HostOmniPlatform`, answered from the selected
   :class:`~omni_backends.backend.Backend` instead of vLLM-Omni's own
-  pynvml / torch-npu detection;
+  pynvml / torch-npu detection (``supports_torch_inductor()``: from
+  :data:`INNER_COMPILE_ENV`, False by default);
 - pickling: vLLM hands its ``VllmConfig`` to every process it starts by
   pickle (the engine core, the workers; ``spawn`` on the cpu platform and
   wherever CUDA is initialised), and the model's ``hf_config`` is vLLM-Omni's
@@ -129,17 +130,40 @@ def keep_plugin_out(env: MutableMapping[str, str] | None = None) -> str | None:
 
 
 # ------------------------------------------------------------------ platform
+#: ``1``: vLLM-Omni's model code may ``torch.compile`` its inner modules with Inductor
+#: (``supports_torch_inductor()`` answers True, as vLLM-Omni's own CUDA platform does; e.g. the Qwen3-TTS code
+#: predictor, ``torch.compile(dynamic=False)`` per batch bucket at its first call); unset or ``0``: it may not
+#: (graphs go through the Backend). Read when the host platform is installed, in every process (the engine
+#: core and workers inherit the environment). A measurement switch (issue 25): setting it asserts that
+#: Inductor generates kernels for the selected device.
+INNER_COMPILE_ENV = "OMNI_BACKENDS_MODEL_INNER_COMPILE"
+
+
+def inner_compile_allowed(env: Any = None) -> bool:
+    """Whether :data:`INNER_COMPILE_ENV` lets a model compile its inner modules (``env``: default
+    ``os.environ``). Raises ``ValueError`` naming the variable for a value other than unset, ``0`` or ``1``."""
+    value = (os.environ if env is None else env).get(INNER_COMPILE_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{INNER_COMPILE_ENV}={value!r}: use 1 (vLLM-Omni's model code may torch.compile its inner "
+                         "modules) or 0 / unset (it may not)")
+    return value == "1"
+
+
 def host_omni_platform(backend: Any) -> Any:
     """A ``vllm_omni.platforms.interface.OmniPlatform`` for ``backend``.
 
     vLLM-Omni's model code asks its platform ``is_npu()`` / ``is_xpu()`` /
     ``is_cuda()`` (from the driver's torch device type),
-    ``supports_torch_inductor()`` (False: the host does not let a model
-    torch.compile its inner modules on its own; graphs go through the
-    Backend), ``supports_talker_mtp_graph_capture()`` (the driver's
+    ``supports_torch_inductor()`` (False unless :data:`INNER_COMPILE_ENV`
+    is ``1``: by default the host does not let a model torch.compile its
+    inner modules on its own; graphs go through the Backend),
+    ``supports_talker_mtp_graph_capture()`` (the driver's
     ``capabilities().talker_mtp_graph``) and ``synchronize()``
-    (``Backend.synchronize``)."""
+    (``Backend.synchronize``). Raises ``ValueError`` for a bad
+    :data:`INNER_COMPILE_ENV` value."""
     from vllm_omni.platforms.interface import OmniPlatformEnum, UnspecifiedOmniPlatform
+
+    inductor = inner_compile_allowed()
 
     try:  # vLLM-Omni names its platforms by torch device type; one it lacks (e.g. the CPU) is "unspecified"
         enum = OmniPlatformEnum(backend.device_type)
@@ -153,7 +177,7 @@ def host_omni_platform(backend: Any) -> Any:
 
         @classmethod
         def supports_torch_inductor(cls) -> bool:
-            return False
+            return inductor
 
         @classmethod
         def supports_talker_mtp_graph_capture(cls) -> bool:
@@ -301,6 +325,6 @@ def load_module(name: str, backend: Any = None, *, platform: bool = True) -> typ
 
 
 __all__ = [
-    "VllmOmniNotInstalled", "host_omni_platform", "installed_version", "keep_plugin_out", "load_module",
-    "plugin_allowlist",
+    "INNER_COMPILE_ENV", "VllmOmniNotInstalled", "host_omni_platform", "inner_compile_allowed", "installed_version",
+    "keep_plugin_out", "load_module", "plugin_allowlist",
 ]

@@ -94,6 +94,28 @@ def test_host_platform_answers_from_the_driver(probe: dict) -> None:
     assert name == "HostOmniPlatform[cpu]" and inductor is False and npu is False
 
 
+def test_the_inner_compile_switch_answers_supports_torch_inductor_and_refuses_a_bad_value(
+        cpu_selected, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``OMNI_BACKENDS_MODEL_INNER_COMPILE``: unset / 0 -> False (the default), 1 -> True (vLLM-Omni's code predictor
+    then torch.compiles itself); any other value is one ValueError naming the variable, from the host platform and
+    from ``core.stage.prepare_device`` (before any engine starts)."""
+    from core.stage import prepare_device
+
+    vllm_omni.load_module("platforms.interface", platform=False)  # the bare package, as the loader imports it
+    env = vllm_omni.INNER_COMPILE_ENV
+    monkeypatch.delenv(env, raising=False)
+    assert vllm_omni.host_omni_platform(cpu_selected).supports_torch_inductor() is False
+    monkeypatch.setenv(env, "0")
+    assert vllm_omni.host_omni_platform(cpu_selected).supports_torch_inductor() is False
+    monkeypatch.setenv(env, "1")
+    assert vllm_omni.host_omni_platform(cpu_selected).supports_torch_inductor() is True
+    monkeypatch.setenv(env, "yes")
+    with pytest.raises(ValueError, match=env):
+        vllm_omni.host_omni_platform(cpu_selected)
+    with pytest.raises(ValueError, match=env):
+        prepare_device("cpu")
+
+
 def test_plugin_allowlist_keeps_vllm_omni_out() -> None:
     allow = vllm_omni.plugin_allowlist()
     assert allow is not None
