@@ -27,9 +27,15 @@ the vLLM settings each engine resolved, talker-MTP mode and graph replays).
 
 On a GPU the engines run with vLLM's defaults for the device (compilation +
 graphs, async scheduling), each with a KV cache sized for its model; on cpu
-eager, each stage's worker inside its engine-core process. --enforce-eager compares eager. Demo models (tiny, random weights,
-fixed seed) are created on first run in ~/.cache/omni-backends unless
---model-dir is given.
+eager, each stage's worker inside its engine-core process. --enforce-eager
+runs eager on a GPU too, for comparison.
+
+Demo models (tiny, random weights, fixed seed; the audio is loud noise, not
+speech) are created on the first run in a demo-v* folder of
+$OMNI_BACKENDS_CACHE (default ~/.cache/omni-backends) unless --model-dir is
+given.
+Ranges: --max-tokens 1..{max_tokens}, --seed 0..2**32-1, --voice
+0..num_voices-1 (the talker's config.json), --chunk-frames 1..{chunk_frames}.
 """
 
 
@@ -44,29 +50,45 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        st = summary["stages"]
-        print(f"device:   {summary['device']['selected']} ({summary['device']['rule']})")
-        print(f"thinker:  {st['thinker']['generated_tokens']} tokens in {st['thinker']['seconds']} s -> {summary['thinker_text']!r}")
-        print(f"talker:   {st['talker']['generated_tokens']} frames x {st['talker']['codebooks']} codebooks in {st['talker']['seconds']} s"
-              f" (talker MTP: {st['talker']['talker_mtp']})")
-        print(f"code2wav: {st['code2wav']['audio_seconds']} s of audio in {st['code2wav']['chunks']} chunks, "
-              f"{st['code2wav']['generation_seconds']} s")
-        cs = summary["concurrent_start"]
-        print(f"engines:  started at once in {cs['graph_start_seconds']} s (one after another: "
-              f"{cs['serial_start_seconds']} s); wall {summary['wall_seconds']} s, bound {cs['bound_seconds']} s")
-        print(f"wrote {summary['out_dir']}/out.wav, thinker.txt, codes.json, summary.json ({summary['total_seconds']} s total)")
+        print("\n".join(run_result_lines(summary)))
     return 0
+
+
+def run_result_lines(summary: dict[str, Any]) -> list[str]:
+    """The lines ``omni-backends run`` prints from its ``summary`` (``core.pipeline.run_pipeline``'s): per
+    stage the generation time (engine start apart), the concurrent start against its goal, what was written."""
+    st = summary["stages"]
+    th, tk, cw = st["thinker"], st["talker"], st["code2wav"]
+    cs = summary["concurrent_start"]
+    return [
+        f"device:   {summary['device']['selected']} ({summary['device']['rule']})",
+        f"thinker:  {th['generated_tokens']} tokens in {th['generation_seconds']:.3f} s (engine start "
+        f"{th['engine_start_seconds']:.1f} s) -> {summary['thinker_text']!r}",
+        f"talker:   {tk['generated_tokens']} frames x {tk['codebooks']} codebooks in {tk['generation_seconds']:.3f} s "
+        f"(engine start {tk['engine_start_seconds']:.1f} s; talker MTP: {tk['talker_mtp']})",
+        f"code2wav: {cw['audio_seconds']} s of audio in {cw['chunks']} chunks, {cw['generation_seconds']:.3f} s "
+        f"(engine start {cw['engine_start_seconds']:.1f} s)",
+        f"engines:  started at once in {cs['graph_start_seconds']:.1f} s (the three starts add up to "
+        f"{cs['serial_start_seconds']:.1f} s); wall {summary['wall_seconds']:.1f} s, "
+        f"{'within' if cs['within_bound'] else 'over'} the goal of {cs['factor']} x (slowest start + generation) = "
+        f"{cs['bound_seconds']:.1f} s",
+        f"wrote {summary['out_dir']}/out.wav, thinker.txt, codes.json, summary.json ({summary['total_seconds']} s total)",
+    ]
 
 
 def add_run_command(sub: Any) -> None:
     from omni_backends.cli import add_device_argument
 
-    p = sub.add_parser("run", help="run the demo omni pipeline (thinker -> talker -> code2wav)", description=RUN_HELP,
+    from core.pipeline.config import TALKER_MAX_MODEL_LEN, THINKER_MAX_MODEL_LEN
+
+    description = RUN_HELP.format(max_tokens=THINKER_MAX_MODEL_LEN - 1, chunk_frames=TALKER_MAX_MODEL_LEN)
+    p = sub.add_parser("run", help="run the demo omni pipeline (thinker -> talker -> code2wav)", description=description,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_device_argument(p)
     p.add_argument("--prompt", default="Hello! Tell me about omni models.", help="text for the thinker (default: %(default)r)")
     p.add_argument("--voice", type=int, default=0, help="talker voice id, 0..num_voices-1 (default: %(default)s)")
-    p.add_argument("--max-tokens", type=int, default=32, help="thinker tokens to generate (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=32,
+                   help=f"thinker tokens to generate, 1..{THINKER_MAX_MODEL_LEN - 1} (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed; same seed -> identical out.wav (default: %(default)s)")
     p.add_argument("--out", default="out", help="output directory (default: %(default)s)")
     p.add_argument("--model-dir", default=None, help="demo models folder (default: created in ~/.cache/omni-backends)")
@@ -85,7 +107,7 @@ def add_run_command(sub: Any) -> None:
                    help="vLLM model runner: v1, v2 (sets VLLM_USE_V2_MODEL_RUNNER) or auto, vLLM's choice "
                         "(default: %(default)s)")
     p.add_argument("--chunk-frames", type=int, default=16, metavar="N",
-                   help="talker frames per code2wav request, 1..1024: audio streams out every N frames; the audio "
+                   help=f"talker frames per code2wav request, 1..{TALKER_MAX_MODEL_LEN}: audio streams out every N frames; the audio "
                         "itself does not depend on N (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_cmd_run)

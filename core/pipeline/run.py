@@ -137,6 +137,7 @@ async def _run_on_graph(cfg: RunConfig, gcfg: GraphConfig, configs: dict[str, di
         raise StageFailedError(f"{exc}. No output was written.", stage=exc.stage) from exc
     finally:
         t_down = time.perf_counter()
+        say("shutting down the engines")
         await graph.shutdown()
         shutdown = time.perf_counter() - t_down
     sr = graph.sample_rate

@@ -134,6 +134,13 @@ def test_same_seed_gives_identical_wav_bytes(tmp_path, demo_dir, test_device):
         assert cs["slowest_start_seconds"] == max(summary["stages"][s]["engine_start_seconds"] for s in summary["stages"])
         assert summary["stages"]["code2wav"]["chunks"] == 1  # 16 frames, --chunk-frames 16 (the default)
         assert "[1/3] thinker" in p.stderr and "[3/3] code2wav" in p.stderr  # progress
+        assert "shutting down the engines" in p.stderr
+        from core.cli import run_result_lines
+
+        lines = run_result_lines(summary)  # what the command prints without --json, from this run's summary
+        th = summary["stages"]["thinker"]
+        assert f"tokens in {th['generation_seconds']:.3f} s (engine start {th['engine_start_seconds']:.1f} s)" in lines[1]
+        assert ("within the goal" if cs["within_bound"] else "over the goal") in lines[4], lines[4]
     a, b = ((o / "out.wav").read_bytes() for o in outs)
     assert len(a) == 44 + 16 * 160 * 2  # WAV header + 16 frames x 160 samples x int16
     assert a == b

@@ -168,7 +168,11 @@ async def start_engines(cfg: GraphConfig, backend: Any = None, say: Callable[[st
     load_general_plugins()
     say("starting the thinker, talker and code2wav engines at once")
     t_graph = time.perf_counter()
-    results = await asyncio.gather(*(asyncio.to_thread(start_one, s) for s in STAGES), return_exceptions=True)
+    heartbeat = asyncio.ensure_future(_say_while_starting(say, info, t_graph, graphs=not cfg.enforce_eager))
+    try:
+        results = await asyncio.gather(*(asyncio.to_thread(start_one, s) for s in STAGES), return_exceptions=True)
+    finally:
+        heartbeat.cancel()
     failed = [(s, r) for s, r in zip(STAGES, results) if isinstance(r, BaseException)]
     if failed:
         await asyncio.to_thread(_release_all, engines)
@@ -180,6 +184,22 @@ async def start_engines(cfg: GraphConfig, backend: Any = None, say: Callable[[st
                      "overlapped": all(info[a]["started_at"] < info[b]["ready_at"]
                                        for a in STAGES for b in STAGES)}
     return cfg, engines, configs, tokenizer, info
+
+
+#: seconds between the progress lines while engines start (an engine start takes 25-70 s on a GPU)
+START_HEARTBEAT_SECONDS = 15.0
+
+
+async def _say_while_starting(say: Callable[[str], None], ready: dict[str, Any], t0: float, graphs: bool,
+                              every: float = START_HEARTBEAT_SECONDS) -> None:
+    """Every ``every`` s until cancelled: which stages are still starting (``ready``: stage -> facts, filled
+    as each engine is up), so a long start is not a silent one."""
+    work = "loads the model, profiles memory" + (", compiles and captures graphs" if graphs else "")
+    while True:
+        await asyncio.sleep(every)
+        waiting = [s for s in STAGES if s not in ready]
+        if waiting:
+            say(f"still starting after {time.perf_counter() - t0:.0f} s: {', '.join(waiting)} (vLLM {work})")
 
 
 def _release_all(engines: dict[str, Any]) -> None:
