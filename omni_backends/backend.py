@@ -80,12 +80,26 @@ class ProbeState(str, enum.Enum):
 
 
 class Verification(str, enum.Enum):
-    """How a driver is verified in this project (shown by ``omni-backends devices``)."""
+    """How a driver is verified in this project (shown by ``omni-backends devices``; what each means:
+    :attr:`meaning`)."""
 
-    ENGINE = "engine run"  #: a real vLLM engine ran through it in CI
-    DEVICE = "device level"  #: torch-level tests ran on the real device
-    STATIC = "static"  #: vendor symbols checked against the vendor's source
-    SIMULATED = "simulated"  #: behaviour tested on a simulated device only
+    ENGINE = "engine run"
+    DEVICE = "device level"
+    STATIC = "static"
+    SIMULATED = "simulated"
+
+    @property
+    def meaning(self) -> str:
+        """One line: what this verification is."""
+        return _VERIFICATION_MEANING[self.value]
+
+
+_VERIFICATION_MEANING = {
+    "engine run": "a real vLLM engine ran through it in CI",
+    "device level": "torch-level tests ran on the real device",
+    "static": "vendor symbols checked against the vendor's source",
+    "simulated": "behaviour tested on a simulated device only",
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -153,6 +153,10 @@ def render_devices_text(report: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = [f"omni-backends drivers (Backend interface v{report['interface_version']}); * = would be selected", ""]
     lines += ["  " + "  ".join(f"{cell:<{w}}" for cell, w in zip(r, widths)) + "  " + r[-1] for r in rows]
+    from omni_backends.backend import Verification
+
+    lines += ["", *_wrapped("verified by", "; ".join(f"{v.value}: {v.meaning}" for v in Verification)
+                            + " (the README's driver table: what ran where)", indent=2)]
     for d in drivers:
         probe = d.get("probe") or {}
         lines += ["", f"  {d['name']}"]

@@ -113,6 +113,20 @@ def test_real_drivers_on_this_machine(tmp_path):
         assert rep["_returncode"] == 0
 
 
+def test_the_text_report_says_what_each_verification_means():
+    """The table's VERIFIED BY words are explained under it, one meaning each (from ``Verification.meaning``)."""
+    from omni_backends.backend import Verification
+    from omni_backends.cli import render_devices_text
+
+    report = {"interface_version": 1, "selection": {"selected": "cpu", "rule": "test", "reason": "test"},
+              "drivers": [{"name": "cpu", "priority": 0, "distribution": "omni-backends",
+                           "verification": [v.value for v in Verification]}]}
+    text = " ".join(render_devices_text(report).split())  # the legend is wrapped: compare with single spaces
+    assert "verified by" in text
+    for v in Verification:
+        assert f"{v.value}: {v.meaning}" in text and v.meaning, v
+
+
 def test_broken_pipe_is_quiet(site, tmp_path):
     env = env_for(site, tmp_path / "cache")
     cmd = f"{' '.join(_script())} devices --json | head -c 10"
