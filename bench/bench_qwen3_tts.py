@@ -21,8 +21,8 @@ concurrency on the same engines. A call with generators runs the talker MTP's un
 graph would freeze one generator's state; ``core.hooks.talker_mtp``), so ``per-request`` shows the eager
 MTP's cost; every row reports the talker MTP's mode and the graph replays it made. ``--model-inner-compile``
 lets vLLM-Omni's code predictor ``torch.compile`` itself (``OMNI_BACKENDS_MODEL_INNER_COMPILE=1``,
-``core.models.vllm_omni``), as on vLLM-Omni's own CUDA platform; the default host answers that it may not. The talker's frames stream to code2wav in chunks of
-``--chunk-frames`` (the first one ``--first-chunk-frames``; each chunk request carries ``--left-context``
+``core.models.vllm_omni``), as on vLLM-Omni's own CUDA platform; the default host answers that it may not.
+The talker's frames stream to code2wav in chunks of ``--chunk-frames`` (the first one ``--first-chunk-frames``; each chunk request carries ``--left-context``
 earlier frames and keeps the samples of its own frames), so the first audio comes while the talker runs. ``--engines``:
 
 - ``async`` (the default on a driver that captures graphs, where ``core.stage.make_async_engine`` exists):
