@@ -163,8 +163,9 @@ part_qwen3() {  # vLLM-Omni's Qwen3-TTS classes only, the variants in OMNI_TEST_
 }
 
 part_qwen3_size() {  # QWEN3_SIZES (default "1.7b 0.6b"), QWEN3_RUNNERS (default "v2 v1"), QWEN3_REQUEST_SEEDS
-  # (default "none,per-request"), QWEN3_BENCH_ARGS
-  local d="$OUT/qwen3-size"; mkdir -p "$d"
+  # (default "none,per-request"), QWEN3_BENCH_ARGS (e.g. --model-inner-compile), QWEN3_TAG (the log folder becomes
+  # qwen3-size-$QWEN3_TAG, so two settings can run in one command)
+  local d="$OUT/qwen3-size${QWEN3_TAG:+-$QWEN3_TAG}"; mkdir -p "$d"
   header qwen3-size > "$d/log.txt"
   local size runner rc t0
   for size in ${QWEN3_SIZES:-1.7b 0.6b}; do
