@@ -80,8 +80,7 @@ class ProbeState(str, enum.Enum):
 
 
 class Verification(str, enum.Enum):
-    """How a driver is verified in this project (shown by ``omni-backends devices``; what each means:
-    :attr:`meaning`)."""
+    """How a driver is verified in this project (``omni-backends devices`` shows it and :attr:`meaning`)."""
 
     ENGINE = "engine run"
     DEVICE = "device level"
@@ -90,16 +89,13 @@ class Verification(str, enum.Enum):
 
     @property
     def meaning(self) -> str:
-        """One line: what this verification is."""
         return _VERIFICATION_MEANING[self.value]
 
 
-_VERIFICATION_MEANING = {
-    "engine run": "a real vLLM engine ran through it in CI",
-    "device level": "torch-level tests ran on the real device",
-    "static": "vendor symbols checked against the vendor's source",
-    "simulated": "behaviour tested on a simulated device only",
-}
+_VERIFICATION_MEANING = {"engine run": "a real vLLM engine ran through it in CI",
+                         "device level": "torch-level tests ran on the real device",
+                         "static": "vendor symbols checked against the vendor's source",
+                         "simulated": "behaviour tested on a simulated device only"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ class's ``omni_backend``. The mixin overrides four runner methods:
   (:class:`KVFreeModelUnsupportedError` at engine start otherwise).
 - ``sample_tokens``: hands this step's multimodal outputs over as an
   ``OmniModelRunnerOutput`` (``core.model_io.omni_runner_output``), the same
-  output seam as V1's.
+  output seam as V1's; a stock model's output is vLLM's own, unwrapped.
 
 The vLLM symbols are declared in :mod:`core.seams` (``V2_SYMBOLS``, ``V2``).
 """
@@ -103,10 +103,16 @@ class OmniV2RunnerMixin:
         return result
 
     def sample_tokens(self, grammar_output: Any) -> Any:
+        """vLLM's output; for a model with an omni state, with this step's multimodal outputs
+        (:func:`core.model_io.omni_runner_output`). A stock model's (no omni state, whose step never has
+        outputs) is vLLM's own object, unwrapped, as the V1 runner returns it."""
+        out = super().sample_tokens(grammar_output)  # type: ignore[misc]
+        if self._omni_output_hooks is not None:
+            return out
         from core.model_io import omni_runner_output
 
         # V2 returns an async output at every step: a real AsyncModelRunnerOutput subclass wraps it
-        return omni_runner_output(super().sample_tokens(grammar_output), self.omni_hooks)  # type: ignore[misc]
+        return omni_runner_output(out, self.omni_hooks)
 
 
 def v2_runs_models_without_kv_cache() -> bool:

@@ -241,14 +241,27 @@ def test_v2_runner_keeps_vllms_state_and_sampler_for_a_stock_model(vllm_config, 
     state = init_model_state(vllm_config, model, None, torch.device("cpu"))
     inner = greedy_inner()
 
+    from vllm.v1.outputs import AsyncModelRunnerOutput
+
+    class Async(AsyncModelRunnerOutput):  # what V2's sample_tokens returns at every step
+        def get_output(self):
+            return _runner_output(IDS)
+
+    vllm_out = Async()
+
     class Base:
         def load_model(self):
             self.model_state, self.sampler = state, inner
+
+        def sample_tokens(self, grammar_output):
+            return vllm_out
 
     runner = type("R", (OmniV2RunnerMixin, Base), {"omni_backend": cpu_selected})()
     runner.load_model()
     assert type(runner.model_state) is DefaultModelState and runner.sampler is inner
     assert runner.omni_hooks is not None and runner.omni_hooks.take_step_outputs() == {}
+    # its step's output is vLLM's own object, unwrapped (as V1 returns a stock model's): no per-step omni work
+    assert runner.sample_tokens(None) is vllm_out
 
 
 @needs_vllm
