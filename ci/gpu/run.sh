@@ -23,8 +23,8 @@
 #   qwen3-size      vLLM-Omni's Qwen3-TTS at the released 1.7B and 0.6B shapes (random bf16 weights written under /tmp
 #                   on the GPU, core.models.qwen3_tts_checkpoint) through the core, bench/bench_qwen3_tts.py on cuda
 #                   bf16, V2 then V1, concurrency 1/8/64, unseeded then per-request seeds (QWEN3_REQUEST_SEEDS):
-#                   RTF + time to first audio at 1, audio-s/s at 8 and 64, engine starts; 1.7B first; a run that cannot start in time is listed, not started. Needs .whl/ as
-#                   `qwen3` does
+#                   RTF + time to first audio at 1, audio-s/s at 8 and 64, engine starts; 1.7B first; a run that
+#                   cannot start in time is listed, not started. Needs .whl/ as `qwen3` does
 #   mainjobs        five `omni-backends run --device cuda` back to back (vLLM's defaults), one seed: every exit
 #                   status, wall and engine-start times, and whether every out.wav is byte-identical
 #   cublas-probe    the talker engine started cold then warm (ci/gpu/talker_start.py) under several settings
@@ -42,6 +42,10 @@
 #                   out.wav bytes equal for the same seed, talker-MTP graph replays, start time + peak memory
 #   bench-v2        decode tok/s omni vs stock vLLM (bf16, graphs, batch 1/8/64, V2) + talker MTP graph vs eager
 #   bench-v1        the decode part on V1
+#   bench-serve     bench/bench_serve.py --device cuda: `omni-backends serve` under load (streamed speech requests at
+#                   concurrency 1/8/32: TTFA, RTF, underruns, audio-s/s) vs the same requests through one-shot `run`
+#   bench-pipeline  bench/bench_pipeline.py --device cuda: the stage graph (engines started at once) vs the serial
+#                   pipeline, per-stage start, generation and wall
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -280,6 +284,21 @@ part_bench() {  # v1 | v2
   grep -E "^\|" "$d/log.txt" | head -40
 }
 
+part_bench_serve() {
+  local d="$OUT/bench-serve"; mkdir -p "$d"
+  header bench-serve > "$d/log.txt"
+  timeout "$(( $(left) - 30 ))" python3 bench/bench_serve.py --device cuda --concurrency 1 8 32 --run-baseline 1 \
+      --json "$d/bench_serve.json" >> "$d/log.txt" 2>&1
+  local rc=$?; echo "rc=$rc" >> "$d/log.txt"; grep -E "^\|" "$d/log.txt" | head -20; return $rc
+}
+
+part_bench_pipeline() {
+  local d="$OUT/bench-pipeline"; mkdir -p "$d"
+  header bench-pipeline > "$d/log.txt"
+  timeout "$(( $(left) - 30 ))" python3 bench/bench_pipeline.py --device cuda --rounds 1 >> "$d/log.txt" 2>&1
+  local rc=$?; echo "rc=$rc" >> "$d/log.txt"; grep -E "^\||^\{" "$d/log.txt" | head -20; return $rc
+}
+
 status=0
 for part in "$@"; do
   if (( $(left) < 120 )); then
@@ -299,6 +318,8 @@ for part in "$@"; do
     pipeline) part_pipeline ;;
     bench-v2) part_bench v2 ;;
     bench-v1) part_bench v1 ;;
+    bench-serve) part_bench_serve ;;
+    bench-pipeline) part_bench_pipeline ;;
     *) echo "unknown part $part (see the header of ci/gpu/run.sh)" >&2; exit 2 ;;
   esac || status=1
 done
