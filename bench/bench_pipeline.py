@@ -103,6 +103,13 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--demo-dir", default=None, help="demo models (default: created in a temporary folder)")
     a = ap.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from arg_checks import require_in_range, require_usable_device
+    from core.pipeline.config import THINKER_MAX_MODEL_LEN
+
+    require_in_range(ap, "--rounds", a.rounds, 1)
+    require_in_range(ap, "--max-tokens", a.max_tokens, 1, THINKER_MAX_MODEL_LEN - 1)
+    require_usable_device(ap, a.device)
     demo = a.demo_dir
     if demo is None:
         from core.models.create import create_demo_models

@@ -131,6 +131,17 @@ def main() -> int:
     ap.add_argument("--run-baseline", type=int, default=2, help="one-shot `run` processes to time (0: none)")
     ap.add_argument("--json", default=None, help="also write the report here")
     args = ap.parse_args()
+    from arg_checks import require_in_range, require_usable_device
+    from core.pipeline.config import TALKER_MAX_MODEL_LEN, THINKER_MAX_MODEL_LEN
+
+    require_in_range(ap, "--concurrency", args.concurrency, 1)
+    require_in_range(ap, "--min-requests", args.min_requests, 1)
+    require_in_range(ap, "--max-tokens", args.max_tokens, 1, THINKER_MAX_MODEL_LEN - 1)
+    require_in_range(ap, "--run-baseline", args.run_baseline, 0)
+    if args.chunk_frames is not None:
+        require_in_range(ap, "--chunk-frames", args.chunk_frames, 1, TALKER_MAX_MODEL_LEN)
+    if args.url is None or args.run_baseline:  # this machine starts engines: its driver must be usable
+        require_usable_device(ap, args.device)
 
     from core.serving.process import ServerProcess
 

@@ -38,7 +38,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 TIMEOUT_S = 600
 #: bench/ modules that are helpers, not benchmark scripts
-HELPERS = {"static_graph.py"}
+HELPERS = {"static_graph.py", "arg_checks.py"}
 #: bench scripts without a row yet, and why (each one a gap to close, listed so it is seen)
 NOT_YET_SMOKED = {"bench_serve.py": "starts a server (~85 s of engine start on cpu) and prints Markdown before "
                                     "its JSON; its row is still to write"}
@@ -121,7 +121,14 @@ BAD_INPUT = [
     ("bench_talker_mtp.py", ("--device", "cuda"), "--device"),
     ("bench_talker_mtp.py", ("--budget-s", "0"), "--budget-s"),
     ("bench_devices.py", ("--runs", "0"), "--runs"),
+    ("bench_serve.py", ("--device", "cuda"), "--device"),
+    ("bench_serve.py", ("--concurrency", "1", "0"), "--concurrency"),
+    ("bench_serve.py", ("--max-tokens", "0"), "--max-tokens"),
+    ("bench_pipeline.py", ("--device", "cuda"), "--device"),
+    ("bench_pipeline.py", ("--rounds", "0"), "--rounds"),
 ]
+#: scripts without an ``--out`` option (they print their report; ``--json FILE`` for bench_serve.py)
+NO_OUT_OPTION = {"bench_serve.py", "bench_pipeline.py"}
 
 
 def _env() -> dict[str, str]:
@@ -221,7 +228,8 @@ def test_bench_script_runs_and_writes_its_json(bench: Bench, bench_runs) -> None
 def test_bad_bench_option_is_one_clear_error_before_any_engine(script: str, args: tuple[str, ...], option: str,
                                                                tmp_path: pathlib.Path) -> None:
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, str(BENCH / script), *args, "--out", str(out)], cwd=ROOT, env=_env(),
+    where = ("--json", str(out)) if script == "bench_serve.py" else () if script in NO_OUT_OPTION else ("--out", str(out))
+    p = subprocess.run([sys.executable, str(BENCH / script), *args, *where], cwd=ROOT, env=_env(),
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, f"{script} {' '.join(args)} exited {p.returncode}:\n{p.stderr[-3000:]}"
     last = p.stderr.strip().splitlines()[-1]
