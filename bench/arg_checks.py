@@ -6,14 +6,17 @@ from __future__ import annotations
 import argparse
 
 
-def require_usable_device(ap: argparse.ArgumentParser, device: str) -> str:
-    """The driver ``--device`` names, selected in this process (``omni_backends.registry.select``, not exported
-    to child processes); an unknown or unusable one is ``ap.error`` with the registry's reason and fix."""
+def require_usable_device(ap: argparse.ArgumentParser, device: str, *, export: bool = False) -> str:
+    """The driver ``--device`` names, selected in this process (``omni_backends.registry.select``); an unknown
+    or unusable one is ``ap.error`` with the registry's reason and fix. ``export``: the selection is written to
+    the environment for the vLLM processes this process starts itself (a script whose engines run in this
+    process must pass True: a later ``select`` returns this selection as it is, unexported); without it, the
+    script's own children (a server, ``omni-backends run``) select on their own."""
     from omni_backends.errors import OmniBackendError
     from omni_backends.registry import select
 
     try:
-        return select(device, export=False).name
+        return select(device, export=export).name
     except (OmniBackendError, ValueError) as exc:
         ap.error(f"--device {device}: {exc}")
 

@@ -345,17 +345,12 @@ def _batches(text: str) -> list[int]:
 
 
 def _check_device(ap: argparse.ArgumentParser, device: str) -> str:
-    """The canonical driver name of ``--device``; an unknown one is a parser error listing the installed
-    drivers (:func:`omni_backends.registry.decision.resolve_name`, nothing imported of vLLM)."""
-    from omni_backends.errors import UnknownDeviceError
-    from omni_backends.registry.decision import resolve_name
-    from omni_backends.registry.discovery import discover
+    """The driver name of ``--device``, selected and exported for the engines this process starts; an unknown
+    or unusable one is a parser error with the registry's reason (``arg_checks.require_usable_device``)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from arg_checks import require_usable_device
 
-    entries, _ = discover()
-    try:
-        return resolve_name(device, entries)
-    except UnknownDeviceError as e:
-        ap.error(str(e))
+    return require_usable_device(ap, device, export=True)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -47,3 +47,19 @@ def test_v2_on_a_driver_without_a_v2_runner_is_refused_before_any_engine():
     assert "VLLM_USE_V2_MODEL_RUNNER=1 but driver 'cpu' cannot run vLLM's V2 model runner" in proc.stderr, proc.stderr
     assert "Initializing a V1 LLM engine" not in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_device_without_its_stack_is_one_parser_error_before_any_engine():
+    """An installed driver that cannot run here (cuda on a CPU box): the registry's reason as argparse's error,
+    not a ``DeviceNotUsableError`` traceback from the first engine start."""
+    from omni_backends.registry import discover, safe_probe
+
+    entries, _ = discover()
+    name = next((n for n in ("cuda", "npu", "xpu") if entries.get(n) is not None and entries[n].cls is not None
+                 and not safe_probe(entries[n].cls).usable), None)
+    if name is None:
+        pytest.skip("every installed driver is usable here")
+    proc = _run("--device", name, "--batches", "1", "--rounds", "1")
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert f"--device {name}: device '{name}' was requested (explicit --device) but is not usable here" in proc.stderr
+    assert "Traceback" not in proc.stderr and "LLM engine" not in proc.stdout + proc.stderr
