@@ -210,7 +210,7 @@ class ModelOutputAdapter:
         tensor_keys, objects = [], {}
         for key, value in mm.items():
             if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == n:
-                buffers[key] = _persistent(buffers.get(key), value, self.max_num_tokens) if persistent else value
+                buffers[key] = _persistent(buffers.get(key), value, self.max_num_tokens)
                 tensor_keys.append(key)
             else:
                 objects[key] = value

@@ -44,7 +44,8 @@ class OmniV2RunnerMixin:
     omni_kind: str = AR
     #: the driver this runner class was built for (:func:`v2_runner_class`)
     omni_backend: Backend
-    #: the hooks of a stock model (no omni state): only the output seam uses them
+    #: the hooks of a stock model (no omni state): set for it alone, read by the worker's ``omni_state`` RPC;
+    #: its steps pass vLLM's outputs through (``sample_tokens``)
     _omni_output_hooks: Any = None
 
     @property
@@ -67,7 +68,7 @@ class OmniV2RunnerMixin:
             from core.hooks import OmniHooks
 
             hooks = OmniHooks(self.omni_backend, self.omni_kind)
-            hooks.bind_model(model, None)  # no state, no buffers: the output seam reads the (empty) step outputs
+            hooks.bind_model(model, None)  # no state, no buffers: what omni_state reports (its steps never use it)
             self._omni_output_hooks = hooks
             return
         if getattr(state, "omni_hooks", None) is None:  # vLLM's / the platform's state, or a declared one unbound
