@@ -4,10 +4,12 @@ status 2) naming the option, never a traceback from an engine or a server that f
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 
-def require_usable_device(ap: argparse.ArgumentParser, device: str, *, export: bool = False) -> str:
-    """The driver ``--device`` names, selected in this process (``omni_backends.registry.select``); an unknown
+def require_usable_device(ap: argparse.ArgumentParser, device: str, *, export: bool = False) -> Any:
+    """The :class:`~omni_backends.registry.Selection` of the driver ``--device`` names, selected in this process
+    (``omni_backends.registry.select``: ``.name``, ``.backend``); an unknown
     or unusable one is ``ap.error`` with the registry's reason and fix. ``export``: the selection is written to
     the environment for the vLLM processes this process starts itself (a script whose engines run in this
     process must pass True: a later ``select`` returns this selection as it is, unexported); without it, the
@@ -16,7 +18,7 @@ def require_usable_device(ap: argparse.ArgumentParser, device: str, *, export: b
     from omni_backends.registry import select
 
     try:
-        return select(device, export=export).name
+        return select(device, export=export)
     except (OmniBackendError, ValueError) as exc:
         ap.error(f"--device {device}: {exc}")
 

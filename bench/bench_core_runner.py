@@ -347,10 +347,9 @@ def _batches(text: str) -> list[int]:
 def _check_device(ap: argparse.ArgumentParser, device: str) -> str:
     """The driver name of ``--device``, selected and exported for the engines this process starts; an unknown
     or unusable one is a parser error with the registry's reason (``arg_checks.require_usable_device``)."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from arg_checks import require_usable_device
 
-    return require_usable_device(ap, device, export=True)
+    return require_usable_device(ap, device, export=True).name
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -103,7 +103,6 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--demo-dir", default=None, help="demo models (default: created in a temporary folder)")
     a = ap.parse_args()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from arg_checks import require_in_range, require_usable_device
     from core.pipeline.config import THINKER_MAX_MODEL_LEN
 

@@ -82,13 +82,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--iters must be >= 1, got {args.iters}")
     if args.demo_dir is not None and not os.path.isfile(os.path.join(args.demo_dir, "talker", "config.json")):
         ap.error(f"--demo-dir {args.demo_dir}: no talker/config.json there (omit it to create the demo models)")
-    from omni_backends.errors import OmniBackendError
-    from omni_backends.registry import select
+    from arg_checks import require_usable_device
 
-    try:
-        args.backend = select(args.device).backend
-    except (OmniBackendError, ValueError) as exc:
-        ap.error(f"--device {args.device}: {exc}")
+    args.backend = require_usable_device(ap, args.device, export=True).backend
     return args
 
 

@@ -127,8 +127,8 @@ BAD_INPUT = [
     ("bench_pipeline.py", ("--device", "cuda"), "--device"),
     ("bench_pipeline.py", ("--rounds", "0"), "--rounds"),
 ]
-#: scripts without an ``--out`` option (they print their report; ``--json FILE`` for bench_serve.py)
-NO_OUT_OPTION = {"bench_serve.py", "bench_pipeline.py"}
+#: the option that names a script's output, where it is not ``--out`` (``None``: it only prints its report)
+OUTPUT_OPTION = {"bench_serve.py": "--json", "bench_pipeline.py": None}
 
 
 def _env() -> dict[str, str]:
@@ -228,7 +228,8 @@ def test_bench_script_runs_and_writes_its_json(bench: Bench, bench_runs) -> None
 def test_bad_bench_option_is_one_clear_error_before_any_engine(script: str, args: tuple[str, ...], option: str,
                                                                tmp_path: pathlib.Path) -> None:
     out = tmp_path / "out"
-    where = ("--json", str(out)) if script == "bench_serve.py" else () if script in NO_OUT_OPTION else ("--out", str(out))
+    out_option = OUTPUT_OPTION.get(script, "--out")
+    where = (out_option, str(out)) if out_option else ()
     p = subprocess.run([sys.executable, str(BENCH / script), *args, *where], cwd=ROOT, env=_env(),
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, f"{script} {' '.join(args)} exited {p.returncode}:\n{p.stderr[-3000:]}"
