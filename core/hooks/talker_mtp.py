@@ -108,10 +108,18 @@ class TalkerMTP:
 
     def capture(self) -> int:
         """Run the head once per capture size, largest first (the graph wrapper
-        captures on a size's first call). Returns the number of sizes."""
+        captures on a size's first call). Returns the number of sizes.
+
+        Each size first runs the unwrapped head once outside capture (vLLM's own
+        warm-up before a capture, ``compilation_config.cudagraph_num_of_warmups``):
+        a head that sets itself up lazily on its first call -- vLLM-Omni's code
+        predictor compiles and warms its buckets there, copying from unpinned CPU
+        tensors -- would otherwise do that inside CUDA graph capture and fail."""
         for p in reversed(self.sizes or []):
             for buf in (self.input_ids, self.input_embeds, self.last_talker_hidden, self.text_step):
                 buf[:p].zero_()
+            if self.eager is not self.mtp:
+                self._run(p, self.eager, {})
             self._run(p, self.mtp, {})
         self.captured = len(self.sizes or [])
         return self.captured

@@ -76,3 +76,26 @@ def test_eager_mode_runs_the_head_unpadded_without_a_graph_context():
     embeds, codes = mtp(*rows)
     assert torch.equal(codes, _head(*rows)[1]) and embeds.shape == (5, H)
     assert entered == []
+
+
+def test_capture_warms_each_size_on_the_unwrapped_head_before_the_graph_wrapper_sees_it():
+    """A head that sets itself up lazily (vLLM-Omni's code predictor compiles on its first call, copying from
+    unpinned CPU tensors, which CUDA graph capture refuses) must have run outside capture first: each capture
+    size runs the unwrapped head, then the wrapped one."""
+    runner, _ = _fake_runner("graph")
+    calls = []
+    ready = []
+
+    def eager(*a, **k):
+        ready.append(True)  # the lazy set-up, done outside capture
+        calls.append(("eager", a[0].shape[0]))
+        return _head(*a, **k)
+
+    def wrapped(*a, **k):
+        assert ready, "the wrapped head captured before the head had ever run eager"
+        calls.append(("graph", a[0].shape[0]))
+        return _head(*a, **k)
+
+    mtp = OmniV1RunnerMixin._omni_mtp_runner(runner, wrapped, eager, H)
+    assert mtp.capture() == len(mtp.sizes)
+    assert calls == [(kind, p) for p in reversed(mtp.sizes) for kind in ("eager", "graph")]
