@@ -34,7 +34,9 @@ Runs with ``OMP_NUM_THREADS=1`` unless set (see below), in-process engines.
 
 ``--profile`` adds a cProfile of the ``omni`` and ``omni-plain`` decode steps (the largest
 batch) listing where the runner's own time goes (this project's ``core/`` and
-``omni_backends/`` functions). ``--sync-debug`` (CUDA) adds, per engine, the host-device synchronisations of
+``omni_backends/`` functions), and, at the smallest and the largest batch, the functions of every package
+(vLLM's and PyTorch's too) whose own time per step differs most between ``omni`` and ``omni-plain``
+(:func:`profile_diff`). ``--sync-debug`` (CUDA) adds, per engine, the host-device synchronisations of
 one run of its decode steps at the largest batch, counted by where they come from (PyTorch's sync debug mode;
 a synchronisation the omni runner adds serialises the host with the device and undoes async scheduling's
 overlap). Prints Markdown; ``--out DIR`` also writes
@@ -276,6 +278,60 @@ def profile_omni(llm, batch: int, max_tokens: int, output_kind: str, top: int = 
     return s.getvalue()
 
 
+def _profile_stats(llm, batch: int, max_tokens: int, output_kind: str, name: str):
+    """``pstats.Stats`` of 3 runs of ``batch`` requests' steps on ``llm`` alone (all functions)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(3):
+        measure_decode({name: llm}, batch, max_tokens, f"profd-{name}{i}", output_kind)
+    prof.disable()
+    return pstats.Stats(prof)
+
+
+def _short(key: tuple) -> str:
+    """``file:line(function)`` of a pstats key, the file relative to this tree or to ``site-packages``."""
+    file, line, func = key
+    for mark in (ROOT + os.sep, "site-packages" + os.sep):
+        if mark in file:
+            file = file.split(mark, 1)[1]
+            break
+    return f"{file}:{line}({func})"
+
+
+def profile_diff(engines: dict, batch: int, max_tokens: int, output_kind: str, top: int = 20) -> str:
+    """Where ``omni``'s extra time per step goes, against ``omni-plain`` (the same runner without
+    multimodal outputs), over every function (vLLM's and PyTorch's too): each engine profiled alone
+    (cProfile, 3 runs of ``batch`` requests), own time (``tottime``) per step in µs, the ``top``
+    functions by difference, and the totals. cProfile adds its own cost per call, so the absolute
+    figures are inflated; the ranking is what it is for."""
+    if "omni" not in engines or "omni-plain" not in engines:
+        return ""
+    steps = 3 * max_tokens  # the prefill step and the decode steps of each run
+    per: dict[str, dict] = {}
+    for name in ("omni", "omni-plain"):
+        per[name] = _profile_stats(engines[name], batch, max_tokens, output_kind, name).stats  # type: ignore[attr-defined]
+    a, b = per["omni"], per["omni-plain"]
+    rows = []
+    for key in set(a) | set(b):
+        ta, na = (a[key][2], a[key][1]) if key in a else (0.0, 0)
+        tb, nb = (b[key][2], b[key][1]) if key in b else (0.0, 0)
+        rows.append((ta - tb, key, ta, tb, na, nb))
+    rows.sort(key=lambda r: r[0], reverse=True)
+    total_a = sum(v[2] for v in a.values()) / steps * 1e6
+    total_b = sum(v[2] for v in b.values()) / steps * 1e6
+    lines = [f"batch {batch}: own time per step (µs, cProfile), omni {total_a:.1f} vs omni-plain {total_b:.1f} "
+             f"(+{total_a - total_b:.1f}); the {top} functions with the largest difference:", "",
+             "| function | omni µs/step | omni-plain µs/step | difference | calls/step omni | calls/step omni-plain |",
+             "|---|---|---|---|---|---|"]
+    for d, key, ta, tb, na, nb in rows[:top]:
+        lines.append(f"| `{_short(key)}` | {ta / steps * 1e6:.2f} | {tb / steps * 1e6:.2f} | {d / steps * 1e6:+.2f} "
+                     f"| {na / steps:.2f} | {nb / steps:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def sync_report(llm, batch: int, max_tokens: int, output_kind: str, name: str) -> dict:
     """The host-device synchronisations of one run of ``batch`` requests' decode steps on ``llm`` (CUDA only):
     PyTorch's sync debug mode (``torch.cuda.set_sync_debug_mode("warn")``) warns at every synchronising call;
@@ -445,6 +501,9 @@ def run(args: argparse.Namespace) -> dict:
     info["loadavg_end"] = os.getloadavg()
     prof = "\n".join(f"#### {n}\n\n" + profile_omni(engines[n], max(batches), args.max_tokens, args.output_kind, name=n)
                      for n in ("omni", "omni-plain") if n in engines) if args.profile else None
+    if args.profile:
+        diffs = [profile_diff(engines, b, args.max_tokens, args.output_kind) for b in sorted({min(batches), max(batches)})]
+        prof = (prof or "") + "\n" + "\n".join(d for d in diffs if d)
     syncs = {n: sync_report(llm, max(batches), args.max_tokens, args.output_kind, n)
              for n, llm in engines.items()} if args.sync_debug else None
     return {"info": info, "decode": {str(k): v for k, v in decode.items()}, "paths": paths, "profile": prof,
@@ -540,7 +599,8 @@ def main(argv: list[str] | None = None) -> int:
         text = report(res)
         print(text)
         if res["profile"]:
-            print("\ncProfile, decode steps, core/ and omni_backends/ functions:\n" + res["profile"])
+            print("\ncProfile, decode steps (core/ and omni_backends/ functions; then omni - omni-plain, every function):\n"
+                  + res["profile"])
         if args.out:
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "bench_core_runner.json"), "w") as f:

@@ -82,10 +82,12 @@ _QWEN3_ARGS = ("--size", "tiny", "--device", "cpu", "--frames", "8", "--chunk-fr
 
 BENCHES = [
     Bench("bench_core_runner.py", ("--rounds", "1", "--max-tokens", "4", "--batches", "1", "--reps", "3",
-                                   "--iters", "20"),
-          "bench_core_runner.json", frozenset({"info", "decode", "paths"}),
+                                   "--iters", "20", "--profile"),
+          "bench_core_runner.json", frozenset({"info", "decode", "paths", "profile"}),
           (("omni decode tok/s, batch 1", lambda d: d["decode"]["1"]["omni"]["tok_s"]),
-           ("forward_context driver µs", lambda d: d["paths"]["forward_context"]["driver"]))),
+           ("forward_context driver µs", lambda d: d["paths"]["forward_context"]["driver"]),
+           ("omni - omni-plain profile rows, batch 1",
+            lambda d: d["profile"].split("batch 1: own time per step", 1)[1].count("\n| `")))),
     Bench("bench_pipeline.py", ("--rounds", "1", "--max-tokens", "4"), None,
           frozenset({"graph", "serial-async", "serial-llm"}),
           (("stage graph wall s", lambda d: d["graph"]["wall_seconds"]),
