@@ -47,6 +47,9 @@ MTP_SEED_KEY = "tts_local_seed"
 #: finished requests whose talker-MTP call count is kept (oldest dropped first)
 FINISHED_MTP_RECORD = 256
 
+#: events an :class:`OmniHooks` records its steps' device-to-host copies with, in turn (``_record_fence``)
+FENCE_EVENTS = 4
+
 
 class OmniHooks:
     """RFC-005 hook protocol over vLLM-Omni's model contract; one instance per runner."""
@@ -63,6 +66,11 @@ class OmniHooks:
         #: host memory of the steps' outputs (page-locked slabs made on the first device copy)
         self._slabs = HostSlabs()
         self._pinned_slabs: HostSlabs | None = None
+        #: whether device outputs go non-blocking into page-locked slabs (the driver's capabilities, read once)
+        self._d2h_pinned: bool | None = None
+        #: the steps' fences, reused in turn (:meth:`_record_fence`); ``()``: the driver has no events
+        self._fences: list[Any] | tuple = []
+        self._fence_next = 0
         #: the forward takes vLLM-Omni's per-request state kwargs (set by :meth:`bind_model`)
         self.passes_request_state = True
         #: req_id -> number of token positions whose outputs were already emitted
@@ -440,8 +448,11 @@ class OmniHooks:
         non-blocking copy into page-locked slab rows, read after the step's fence."""
         if t.is_cpu:
             return self._slabs.copy(t), False
-        caps = self.backend.capabilities()
-        if caps.d2h_stream_ordered and caps.pinned_memory:
+        pinned_ok = self._d2h_pinned
+        if pinned_ok is None:  # static per driver: read once, not per step
+            caps = self.backend.capabilities()
+            pinned_ok = self._d2h_pinned = bool(caps.d2h_stream_ordered and caps.pinned_memory)
+        if pinned_ok:
             pinned = self._pinned_slabs
             if pinned is None:
                 pinned = self._pinned_slabs = HostSlabs(pin=True)
@@ -450,11 +461,25 @@ class OmniHooks:
 
     def _record_fence(self) -> Callable[[], Any]:
         """What to wait on before reading this step's in-flight copies: an event recorded now on the
-        current stream (``Backend.new_event``), or a device synchronize where the driver has no events."""
-        try:
-            event = self.backend.new_event()
-        except NotImplementedError:
-            return self.backend.synchronize
+        current stream (``Backend.new_event``), or a device synchronize where the driver has no events.
+
+        The events are made once, :data:`FENCE_EVENTS` of them, and recorded in turn (an event per step cost a
+        device lookup and a driver call every step). A step's fence is waited for within the next step or two
+        (async scheduling); should an event be recorded again before its earlier fence is waited for, that
+        wait covers the later record too: it waits longer, never too little (one stream, in order)."""
+        events = self._fences
+        if not events:
+            if events == ():
+                return self.backend.synchronize
+            try:
+                events = [self.backend.new_event() for _ in range(FENCE_EVENTS)]
+            except NotImplementedError:
+                self._fences = ()
+                return self.backend.synchronize
+            self._fences = events
+        i = self._fence_next
+        self._fence_next = (i + 1) % len(events)
+        event = events[i]
         event.record()
         return event.synchronize
 

@@ -172,11 +172,13 @@ class OmniModelStateMixin(abc.ABC):
         index = req_states.req_id_to_index
         if n == 0 or not all(map(index.__contains__, ids)):
             return None
+        # snapshots of vLLM's arrays: offsets and computed tokens as int lists (what the output hooks read as
+        # they are), prompt lengths a new array (numpy's fancy index copies)
         return BatchView(
             req_ids=ids,
-            query_start_loc=input_batch.query_start_loc_np[: n + 1].copy(),
-            num_computed=input_batch.num_computed_tokens_np[:n].copy(),
-            num_prompt=req_states.prompt_len.np[input_batch.idx_mapping_np[:n]].copy(),
+            query_start_loc=input_batch.query_start_loc_np[: n + 1].tolist(),
+            num_computed=input_batch.num_computed_tokens_np[:n].tolist(),
+            num_prompt=req_states.prompt_len.np[input_batch.idx_mapping_np[:n]],
         )
 
     @staticmethod

@@ -647,3 +647,48 @@ def test_finished_requests_keep_a_bounded_record_of_their_talker_mtp_calls(cpu_b
     assert hooks.mtp_calls == {}
     assert len(hooks.mtp_calls_finished) == FINISHED_MTP_RECORD
     assert "r0" not in hooks.mtp_calls_finished and hooks.mtp_calls_finished[f"r{n - 1}"] == (n - 1) % 7 + 1
+
+
+def test_step_fences_reuse_a_few_events_in_turn_and_a_driver_without_events_synchronizes():
+    """The hooks fence each step's device-to-host copies with an event: made once (``FENCE_EVENTS`` of
+    them) and recorded in turn, not one new event per step; a step's wait is the event it recorded. A driver
+    without events (``new_event`` raises ``NotImplementedError``) gets ``Backend.synchronize``, asked once."""
+    from core.hooks import OmniHooks
+    from core.hooks.omni_hooks import FENCE_EVENTS
+
+    class Event:
+        def __init__(self) -> None:
+            self.records = 0
+
+        def record(self) -> None:
+            self.records += 1
+
+        def synchronize(self) -> None:
+            pass
+
+    class Backend:
+        made: list = []
+        asked = 0
+
+        def new_event(self, enable_timing: bool = False) -> Event:
+            self.made.append(Event())
+            return self.made[-1]
+
+        def synchronize(self) -> None:
+            pass
+
+    backend = Backend()
+    hooks = OmniHooks(backend, "ar")
+    waits = [hooks._record_fence() for _ in range(3 * FENCE_EVENTS + 1)]
+    assert len(backend.made) == FENCE_EVENTS  # before: one new event per step
+    assert [w.__self__ for w in waits] == [backend.made[i % FENCE_EVENTS] for i in range(len(waits))]
+    assert [e.records for e in backend.made] == [4] + [3] * (FENCE_EVENTS - 1)
+
+    class NoEvents(Backend):
+        def new_event(self, enable_timing: bool = False) -> Event:
+            self.asked += 1
+            raise NotImplementedError
+
+    bare = NoEvents()
+    hooks = OmniHooks(bare, "ar")
+    assert all(hooks._record_fence() == bare.synchronize for _ in range(3)) and bare.asked == 1

@@ -34,8 +34,8 @@ def _summary(value):
     from core.hooks import BatchView
 
     if isinstance(value, BatchView):
-        return ("batch", tuple(value.req_ids), tuple(value.query_start_loc.tolist()),
-                tuple(value.num_computed.tolist()), tuple(value.num_prompt.tolist()))
+        ints = [tuple(np.asarray(v).tolist()) for v in (value.query_start_loc, value.num_computed, value.num_prompt)]
+        return ("batch", tuple(value.req_ids), *ints)  # each a numpy array or a list (BatchView)
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.shape))
     return type(value).__name__
