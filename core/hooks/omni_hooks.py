@@ -68,8 +68,9 @@ class OmniHooks:
         self._pinned_slabs: HostSlabs | None = None
         #: whether device outputs go non-blocking into page-locked slabs (the driver's capabilities, read once)
         self._d2h_pinned: bool | None = None
-        #: the steps' fences, reused in turn (:meth:`_record_fence`); ``()``: the driver has no events
-        self._fences: list[Any] | tuple = []
+        #: the steps' fences, reused in turn (:meth:`_record_fence`): ``None`` until the first, ``[]`` when the
+        #: driver has no events
+        self._fences: list[Any] | None = None
         self._fence_next = 0
         #: the forward takes vLLM-Omni's per-request state kwargs (set by :meth:`bind_model`)
         self.passes_request_state = True
@@ -468,15 +469,14 @@ class OmniHooks:
         (async scheduling); should an event be recorded again before its earlier fence is waited for, that
         wait covers the later record too: it waits longer, never too little (one stream, in order)."""
         events = self._fences
-        if not events:
-            if events == ():
-                return self.backend.synchronize
+        if events is None:
             try:
                 events = [self.backend.new_event() for _ in range(FENCE_EVENTS)]
             except NotImplementedError:
-                self._fences = ()
-                return self.backend.synchronize
+                events = []
             self._fences = events
+        if not events:
+            return self.backend.synchronize
         i = self._fence_next
         self._fence_next = (i + 1) % len(events)
         event = events[i]
