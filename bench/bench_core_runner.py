@@ -36,7 +36,8 @@ Runs with ``OMP_NUM_THREADS=1`` unless set (see below), in-process engines.
 batch) listing where the runner's own time goes (this project's ``core/`` and
 ``omni_backends/`` functions), and, at the smallest and the largest batch, the functions of every package
 (vLLM's and PyTorch's too) whose own time per step differs most between ``omni`` and ``omni-plain``
-(:func:`profile_diff`). ``--sync-debug`` (CUDA) adds, per engine, the host-device synchronisations of
+(:func:`profile_diff`); each engine is profiled once per batch (:func:`profile_report`).
+``--sync-debug`` (CUDA) adds, per engine, the host-device synchronisations of
 one run of its decode steps at the largest batch, counted by where they come from (PyTorch's sync debug mode;
 a synchronisation the omni runner adds serialises the host with the device and undoes async scheduling's
 overlap). Prints Markdown; ``--out DIR`` also writes
@@ -259,36 +260,30 @@ def bench_paths(backend, vllm_config, reps: int, iters: int) -> dict:
     return out
 
 
-def profile_omni(llm, batch: int, max_tokens: int, output_kind: str, top: int = 25, name: str = "omni") -> str:
-    """cProfile of 3 runs of ``batch`` requests' decode steps on ``llm`` alone: this project's
-    ``core/`` and ``omni_backends/`` functions, by cumulative time (the runner's own cost per step)."""
-    import cProfile
-    import io
-    import pstats
-    import re
-
-    prof = cProfile.Profile()
-    prof.enable()
-    for i in range(3):
-        measure_decode({name: llm}, batch, max_tokens, f"prof-{name}{i}", output_kind)
-    prof.disable()
-    s = io.StringIO()
-    st = pstats.Stats(prof, stream=s).sort_stats("cumulative")
-    st.print_stats(re.escape(ROOT) + r"/(core|omni_backends)/", top)
-    return s.getvalue()
-
-
-def _profile_stats(llm, batch: int, max_tokens: int, output_kind: str, name: str):
-    """``pstats.Stats`` of 3 runs of ``batch`` requests' steps on ``llm`` alone (all functions)."""
+def profile_stats(llm, batch: int, max_tokens: int, output_kind: str, name: str):
+    """``pstats.Stats`` (every function) of 3 runs of ``batch`` requests' steps (the prefill step, then the
+    decode steps) on ``llm`` alone."""
     import cProfile
     import pstats
 
     prof = cProfile.Profile()
     prof.enable()
     for i in range(3):
-        measure_decode({name: llm}, batch, max_tokens, f"profd-{name}{i}", output_kind)
+        measure_decode({name: llm}, batch, max_tokens, f"prof-{name}-{batch}-{i}", output_kind)
     prof.disable()
     return pstats.Stats(prof)
+
+
+def profile_omni(stats, top: int = 25) -> str:
+    """This project's ``core/`` and ``omni_backends/`` functions of ``stats`` (:func:`profile_stats`), by
+    cumulative time (the runner's own cost per step)."""
+    import io
+    import re
+
+    s = io.StringIO()
+    stats.stream = s
+    stats.sort_stats("cumulative").print_stats(re.escape(ROOT) + r"/(core|omni_backends)/", top)
+    return s.getvalue()
 
 
 def _short(key: tuple) -> str:
@@ -301,19 +296,14 @@ def _short(key: tuple) -> str:
     return f"{file}:{line}({func})"
 
 
-def profile_diff(engines: dict, batch: int, max_tokens: int, output_kind: str, top: int = 20) -> str:
+def profile_diff(omni, plain, batch: int, max_tokens: int, top: int = 20) -> str:
     """Where ``omni``'s extra time per step goes, against ``omni-plain`` (the same runner without
-    multimodal outputs), over every function (vLLM's and PyTorch's too): each engine profiled alone
-    (cProfile, 3 runs of ``batch`` requests), own time (``tottime``) per step in µs, the ``top``
+    multimodal outputs), over every function (vLLM's and PyTorch's too): ``omni`` / ``plain`` are each
+    engine's :func:`profile_stats` at ``batch``; own time (``tottime``) per step in µs, the ``top``
     functions by difference, and the totals. cProfile adds its own cost per call, so the absolute
     figures are inflated; the ranking is what it is for."""
-    if "omni" not in engines or "omni-plain" not in engines:
-        return ""
     steps = 3 * max_tokens  # the prefill step and the decode steps of each run
-    per: dict[str, dict] = {}
-    for name in ("omni", "omni-plain"):
-        per[name] = _profile_stats(engines[name], batch, max_tokens, output_kind, name).stats  # type: ignore[attr-defined]
-    a, b = per["omni"], per["omni-plain"]
+    a, b = omni.stats, plain.stats
     rows = []
     for key in set(a) | set(b):
         ta, na = (a[key][2], a[key][1]) if key in a else (0.0, 0)
@@ -323,13 +313,26 @@ def profile_diff(engines: dict, batch: int, max_tokens: int, output_kind: str, t
     total_a = sum(v[2] for v in a.values()) / steps * 1e6
     total_b = sum(v[2] for v in b.values()) / steps * 1e6
     lines = [f"batch {batch}: own time per step (µs, cProfile), omni {total_a:.1f} vs omni-plain {total_b:.1f} "
-             f"(+{total_a - total_b:.1f}); the {top} functions with the largest difference:", "",
+             f"({total_a - total_b:+.1f}); the {top} functions with the largest difference:", "",
              "| function | omni µs/step | omni-plain µs/step | difference | calls/step omni | calls/step omni-plain |",
              "|---|---|---|---|---|---|"]
     for d, key, ta, tb, na, nb in rows[:top]:
         lines.append(f"| `{_short(key)}` | {ta / steps * 1e6:.2f} | {tb / steps * 1e6:.2f} | {d / steps * 1e6:+.2f} "
                      f"| {na / steps:.2f} | {nb / steps:.2f} |")
     return "\n".join(lines) + "\n"
+
+
+def profile_report(engines: dict, batches: list[int], max_tokens: int, output_kind: str) -> str:
+    """The ``--profile`` report: each of ``omni`` / ``omni-plain`` profiled once per batch (the smallest and
+    the largest, :func:`profile_stats`); its ``core/`` and ``omni_backends/`` functions at the largest batch
+    (:func:`profile_omni`), then :func:`profile_diff` at each of the two batches."""
+    names = [n for n in ("omni", "omni-plain") if n in engines]
+    sizes = sorted({min(batches), max(batches)})
+    stats = {(n, b): profile_stats(engines[n], b, max_tokens, output_kind, n) for b in sizes for n in names}
+    parts = [f"#### {n}\n\n" + profile_omni(stats[(n, max(sizes))]) for n in names]
+    if len(names) == 2:
+        parts += [profile_diff(stats[("omni", b)], stats[("omni-plain", b)], b, max_tokens) for b in sizes]
+    return "\n".join(parts)
 
 
 def sync_report(llm, batch: int, max_tokens: int, output_kind: str, name: str) -> dict:
@@ -499,11 +502,7 @@ def run(args: argparse.Namespace) -> dict:
     decode = bench_decode(engines, batches, args.rounds, args.max_tokens, args.output_kind)
     paths = bench_paths(get_backend(), engines["stock"].llm_engine.vllm_config, args.reps, args.iters)
     info["loadavg_end"] = os.getloadavg()
-    prof = "\n".join(f"#### {n}\n\n" + profile_omni(engines[n], max(batches), args.max_tokens, args.output_kind, name=n)
-                     for n in ("omni", "omni-plain") if n in engines) if args.profile else None
-    if args.profile:
-        diffs = [profile_diff(engines, b, args.max_tokens, args.output_kind) for b in sorted({min(batches), max(batches)})]
-        prof = (prof or "") + "\n" + "\n".join(d for d in diffs if d)
+    prof = profile_report(engines, batches, args.max_tokens, args.output_kind) if args.profile else None
     syncs = {n: sync_report(llm, max(batches), args.max_tokens, args.output_kind, n)
              for n, llm in engines.items()} if args.sync_debug else None
     return {"info": info, "decode": {str(k): v for k, v in decode.items()}, "paths": paths, "profile": prof,
