@@ -17,7 +17,7 @@ difference stock vs omni for each, which shows whether arrival timing (batch com
 
 ``--compiles``: instead, whether two *compilations* of one model differ (the graph variants' 7e-7 / 1.8e-6
 logprob gaps between the stock and the omni thinker, each compiled in its own engine with its own compile cache,
-ci/logs/h200-2026-12-02-issue24.md). vLLM's defaults on the device (compile + CUDA graphs; the runner as
+ci/logs/h200-2026-12-02-summary-7921fa8-0e28e1d.md). vLLM's defaults on the device (compile + CUDA graphs; the runner as
 ``VLLM_USE_V2_MODEL_RUNNER`` says), multiprocess engines, one after another, each with the compile cache named:
 stock in cache A (cold), stock in cache B (cold), stock in cache A again (warm: the artifact A compiled), the
 omni thinker in cache C (cold), the omni thinker in cache D (cold). Each engine runs the tests' thinker batch as
