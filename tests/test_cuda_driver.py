@@ -193,8 +193,9 @@ def test_probe_and_placement_read_cuda_visible_devices_alike(monkeypatch, visibl
 
 
 def test_cuda_engines_run_without_vllms_aot_compile_cache_unless_the_user_chose():
-    # the H200, vLLM 0.26 (ci/logs/h200-2026-12-02-summary-99266e1-65439dc.md): the talker engine failed at every warm start from vLLM's
-    # AOT compile cache (4 of 5 main jobs exit 3); with it off five main jobs exit 0 with identical out.wav
+    # the H200, vLLM 0.26 (ci/logs/h200-2026-12-02-summary-99266e1-65439dc.md): the talker engine failed at
+    # every warm start from vLLM's AOT compile cache (4 of 5 main jobs exit 3); with it off five main jobs exit 0
+    # with identical out.wav
     from omni_backends.registry import Selection, export_selection
 
     sel = Selection("cuda", "explicit", "--device", [], [], {}, backend=CudaBackend())

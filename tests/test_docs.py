@@ -11,6 +11,7 @@
   ``{a,b}`` alternatives expanded; ``file.py:Name`` and ``file.py::test`` name the file); so does the target of
   every relative markdown link. A failure names the file and line.
 - ``docs/`` holds documents only (no logs).
+- ``README.md`` is a front page: at most :data:`README_MAX_LINES` lines; the detail lives in ``docs/``.
 - The README's verification table says, for each installed driver, the levels ``omni-backends devices`` prints
   (the driver class's ``verification``), in its "`devices` says" column.
 """
@@ -30,6 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
 DOC_FILES = [os.path.join(ROOT, "README.md"), *DOCS]
 RUNNER_DOC = os.path.join(ROOT, "docs", "core-runner.md")
+README_MAX_LINES = 150
 PATH_PREFIXES = ("core/", "omni_backends/", "tests/", "ci/", ".ci/", "docs/", "scripts/", "bench/")
 
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
@@ -173,6 +175,13 @@ def test_docs_hold_documents_only():
     others = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*"))
                     if not p.endswith(".md"))
     assert not others, f"docs/ holds documents only (logs go to ci/logs/): {others}"
+
+
+def test_readme_is_a_front_page():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        n = len(f.read().splitlines())
+    assert n <= README_MAX_LINES, (
+        f"README.md has {n} lines, at most {README_MAX_LINES}: move the detail into docs/ and link it")
 
 
 # ------------------------------------------------------------------ the README's verification levels

@@ -298,7 +298,7 @@ class CudaBackend(TorchAcceleratorBackend, VllmUpstreamBackend):
     def vllm_env_defaults(self) -> dict[str, str]:
         """``VLLM_USE_AOT_COMPILE=0``: vLLM's AOT compile cache off, Inductor's own compile cache kept.
 
-        Measured on the H200 (vLLM 0.26.0, torch 2.11, 2026-12-01/02, ``ci/logs/h200-2026-12-02-summary-99266e1-65439dc.md``): an
+        Measured on the H200 (vLLM 0.26.0, torch 2.11, 2026-12-01/02, ``docs/verification.md``): an
         engine of a model whose compiled decoder takes ``inputs_embeds`` with ``input_ids=None`` (the demo
         talker) started from a warm AOT cache fails in its first dummy run at the first GEMM of the loaded graph
         (``CUBLAS_STATUS_INTERNAL_ERROR`` in ``cublasCreate``, or ``..._EXECUTION_FAILED`` when a cuBLAS handle

@@ -28,7 +28,8 @@ Precision settings (set by the tests, stated here):
 - no ``TORCHINDUCTOR_DETERMINISTIC``: it was set once to make Inductor pick kernels without on-device
   benchmarking; it does not make two compilations agree, and with vLLM's AOT compile cache off (the cuda
   driver's default since 2026-12-02) Inductor's fusion benchmarking raised under it at every graph engine's
-  start (H200, 2026-12-02, session 31, ``ci/logs/h200-2026-12-02-summary-aeb6ef5-9dbc52c.md``), so the tests no longer set it.
+  start (H200, 2026-12-02, at aeb6ef5,
+  ``ci/logs/h200-2026-12-02-summary-aeb6ef5-9dbc52c.md``), so the tests no longer set it.
   Two compilations differ: on the H200 (2026-12-02, vLLM 0.26, V2, compile +
   CUDA graphs, ``ci/gpu/equivalence.py --compiles``, ``ci/logs/h200-2026-12-02-compiles-99266e1.txt``) stock
   ``LlamaForCausalLM`` compiled twice in two fresh compile caches gave logprobs 3.1e-6 apart (tokens equal),
