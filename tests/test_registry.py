@@ -579,3 +579,28 @@ def test_export_puts_the_hide_site_shim_first_on_pythonpath(monkeypatch):
     assert Path(first) == Path(__file__).resolve().parents[1] / "omni_backends" / "hide_site"
     assert (Path(first) / "sitecustomize.py").is_file() and rest == ["/elsewhere"]
     assert json.loads(env["OMNI_BACKENDS_HIDDEN_VENDORS"]) == {"vendor_broken": vendor_imports._HIDDEN["vendor_broken"]}
+
+
+@pytest.mark.parametrize("chained", [False, True])
+def test_hide_site_hides_silently_and_chains_the_next_sitecustomize(tmp_path, chained):
+    """A child started with the hide-site shim first on PYTHONPATH: the hidden package is not importable, the
+    interpreter prints nothing at start-up (no ``Error in sitecustomize``), and a ``sitecustomize`` further
+    down ``sys.path`` still runs."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shim = Path(__file__).resolve().parents[1] / "omni_backends" / "hide_site"
+    path = [str(shim)]
+    if chained:
+        (tmp_path / "sitecustomize.py").write_text("import os\nos.environ['CHAINED_SITECUSTOMIZE'] = 'ran'\n")
+        path.append(str(tmp_path))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path),
+           "OMNI_BACKENDS_HIDDEN_VENDORS": json.dumps({"vendor_broken": {"package": "vendor_broken"}})}
+    code = ("import os, sys\n"
+            "try:\n    import vendor_broken\nexcept ImportError:\n    print('hidden')\n"
+            "print(os.environ.get('CHAINED_SITECUSTOMIZE', 'not chained'))\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.split() == ["hidden", "ran" if chained else "not"] + ([] if chained else ["chained"])

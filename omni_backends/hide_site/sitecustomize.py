@@ -2,7 +2,8 @@
 
 Sets ``sys.modules[name] = None`` for every module named in ``OMNI_BACKENDS_HIDDEN_VENDORS`` (the
 vendor packages the parent found raising on import), then runs the next ``sitecustomize`` on
-``sys.path``, if there is one. Standard library only; never raises.
+``sys.path``, if there is one (it then replaces this module in ``sys.modules``). Standard library only;
+never raises, prints nothing.
 """
 
 import json
@@ -28,7 +29,8 @@ def _chain() -> None:
     path = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != here]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
     if spec is None or spec.loader is None:
-        del sys.modules["sitecustomize"]
+        # none to chain: this module stays ``sys.modules["sitecustomize"]`` (the import system pops that entry
+        # when this import finishes; deleting it here made ``site`` print "Error in sitecustomize; KeyError")
         return
     module = importlib.util.module_from_spec(spec)
     sys.modules["sitecustomize"] = module
