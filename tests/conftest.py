@@ -44,6 +44,15 @@ def _usable_cpu_driver() -> type:
 
 
 @pytest.fixture(scope="session")
+def test_device(request: pytest.FixtureRequest) -> str:
+    """The driver name the engine and serving tests run on: pytest's ``--device`` (default ``cpu``), aliases
+    resolved (the kit plugin's ``selected_device``)."""
+    from omni_backends.testing.plugin import selected_device
+
+    return selected_device(request.config)
+
+
+@pytest.fixture(scope="session")
 def cpu_backend():
     """The cpu driver (:class:`omni_backends.cpu.driver.CpuBackend`), instantiated, not selected; skips with
     the probe's reason where the cpu driver is not usable."""

@@ -105,12 +105,6 @@ def _need_vllm(device: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def test_device(request: pytest.FixtureRequest) -> str:
-    """The driver name the engine tests run on (pytest's ``--device``)."""
-    return device_of(request.config)
-
-
-@pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Demo thinker/talker/code2wav created once per session (seed 1234)."""
     from core.models.create import create_demo_models

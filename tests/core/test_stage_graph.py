@@ -24,15 +24,15 @@ CHUNK = 4  # frames per code2wav request: several chunks per request
 
 
 @pytest.fixture(scope="module")
-def graph(loop, demo_dir):
+def graph(loop, demo_dir, test_device):
     from tests.core.conftest import _need_vllm
 
-    _need_vllm("cpu")
+    _need_vllm(test_device)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from core.pipeline.config import GraphConfig
     from core.pipeline.graph import StageGraph
 
-    g = loop.run_until_complete(StageGraph.start(GraphConfig(model_dir=demo_dir, device="cpu", chunk_frames=CHUNK)))
+    g = loop.run_until_complete(StageGraph.start(GraphConfig(model_dir=demo_dir, device=test_device, chunk_frames=CHUNK)))
     yield g
     loop.run_until_complete(g.shutdown())
 

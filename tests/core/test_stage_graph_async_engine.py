@@ -20,17 +20,17 @@ PROMPT = "Hello omni models"
 
 
 @pytest.fixture(scope="module")
-def thinker(loop, demo_dir):
+def thinker(loop, demo_dir, test_device):
     from tests.core.conftest import _need_vllm
 
-    _need_vllm("cpu")
+    _need_vllm(test_device)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from core.pipeline.release import release_engine
     from core.stage import make_async_engine
 
     # built outside the loop (as StageGraph does): vLLM then starts its output tasks on the first request's loop
     eng = loop.run_until_complete(asyncio.to_thread(
-        make_async_engine, os.path.join(demo_dir, "thinker"), device="cpu", dtype="float32", max_model_len=512,
+        make_async_engine, os.path.join(demo_dir, "thinker"), device=test_device, dtype="float32", max_model_len=512,
         max_num_seqs=8, enforce_eager=True, seed=0))
     yield eng
     release_engine(eng, "thinker")
@@ -91,13 +91,12 @@ def test_cumulative_outputs_hold_every_step_so_far(loop, thinker, final_only):
     assert torch.equal(outs[-1].multimodal_outputs["hidden"], final_only.multimodal_outputs["hidden"])
 
 
-@pytest.mark.device_cpu  # its engine is a cpu one (the H200 run of 2026-12-02 failed it under --device cuda)
-def test_release_ends_the_engine_process(loop, demo_dir):
+def test_release_ends_the_engine_process(loop, demo_dir, test_device):
     """``release_engine`` takes an AsyncLLM: shut down, its engine-core process gone."""
     from core.pipeline.release import engine_core_processes, release_engine
     from core.stage import make_async_engine
 
-    eng = make_async_engine(os.path.join(demo_dir, "code2wav"), kind="generation", device="cpu", dtype="float32",
+    eng = make_async_engine(os.path.join(demo_dir, "code2wav"), kind="generation", device=test_device, dtype="float32",
                             max_model_len=1024, max_num_seqs=8, enforce_eager=True, skip_tokenizer_init=True)
     procs = engine_core_processes(eng)
     assert len(procs) == 1 and procs[0].is_alive()

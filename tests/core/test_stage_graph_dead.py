@@ -17,15 +17,15 @@ NO_HANG = 120
 
 
 @pytest.fixture(scope="module")
-def graph(loop, demo_dir):
+def graph(loop, demo_dir, test_device):
     from tests.core.conftest import _need_vllm
 
-    _need_vllm("cpu")
+    _need_vllm(test_device)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from core.pipeline.config import GraphConfig
     from core.pipeline.graph import StageGraph
 
-    g = loop.run_until_complete(StageGraph.start(GraphConfig(model_dir=demo_dir, device="cpu", chunk_frames=4)))
+    g = loop.run_until_complete(StageGraph.start(GraphConfig(model_dir=demo_dir, device=test_device, chunk_frames=4)))
     yield g
     loop.run_until_complete(asyncio.wait_for(g.shutdown(), NO_HANG))
 

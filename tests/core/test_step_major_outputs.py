@@ -179,11 +179,11 @@ def _prompts():
     return [[rng.randrange(2, 512) for _ in range(18 + 5 * i)] for i in range(6)]  # 18..43 tokens
 
 
-def _engine(demo_dir: str):
+def _engine(demo_dir: str, device: str):
     from core.stage import make_engine
 
     # 6 blocks of 32 tokens for 6 requests of up to 83 tokens: vLLM must preempt; 32 tokens a step: chunked prefill
-    return make_engine(os.path.join(demo_dir, "thinker"), device="cpu", dtype="float32", enforce_eager=True,
+    return make_engine(os.path.join(demo_dir, "thinker"), device=device, dtype="float32", enforce_eager=True,
                        max_model_len=128, max_num_seqs=6, max_num_batched_tokens=32, block_size=32,
                        num_gpu_blocks_override=6, seed=0)
 
@@ -233,12 +233,12 @@ def _tokens_of(kind: str, outs: list) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def preempted_runs(demo_dir):
+def preempted_runs(demo_dir, test_device):
     """The batch on an in-process engine, with the front end's log folded every 3 steps, counting vLLM's
     preemptions; then the same on a multiprocess engine."""
     from tests.core.conftest import _need_vllm
 
-    _need_vllm("cpu")
+    _need_vllm(test_device)
     import core.engine as engine_mod
     from core.pipeline.release import release_engine
 
@@ -247,7 +247,7 @@ def preempted_runs(demo_dir):
     mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     mp.setattr(engine_mod, "STEP_LOG_STEPS", 3)
     try:
-        llm = _engine(demo_dir)
+        llm = _engine(demo_dir, test_device)
         sched = llm.llm_engine.engine_core.engine_core.scheduler
         preempted: list = []
         inner = sched._preempt_request
@@ -255,7 +255,7 @@ def preempted_runs(demo_dir):
         inproc = _run(llm)
         release_engine(llm, "thinker")
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
-        llm = _engine(demo_dir)
+        llm = _engine(demo_dir, test_device)
         multi = _run(llm)
         release_engine(llm, "thinker")
     finally:

@@ -1,4 +1,4 @@
-"""Helpers of the real-server tests: a server process on the real stage graph (cpu) and
+"""Helpers of the real-server tests: a server process on the real stage graph (the ``--device`` driver) and
 ``omni-backends run``'s out.wav for a request, both started from this checkout."""
 
 from __future__ import annotations
@@ -15,17 +15,20 @@ ENV = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "VLLM
        "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
-def start_server(demo: str, *extra: str):
-    """A started :class:`core.serving.process.ServerProcess` on the cpu driver over ``demo``."""
+def start_server(demo: str, device: str, *extra: str, env: dict | None = None):
+    """A started :class:`core.serving.process.ServerProcess` on the ``device`` driver over ``demo`` (``env``: more
+    environment for the server process)."""
     from core.serving.process import ServerProcess
 
     pytest.importorskip("vllm")
-    return ServerProcess(["--device", "cpu", "--model-dir", demo, *extra], env=ENV, cwd=ROOT).start()
+    return ServerProcess(["--device", device, "--model-dir", demo, *extra], env={**ENV, **(env or {})},
+                         cwd=ROOT).start()
 
 
-def run_out_wav(demo: str, out: str, prompt: str, voice: int, seed: int, max_tokens: int) -> subprocess.Popen:
+def run_out_wav(demo: str, device: str, out: str, prompt: str, voice: int, seed: int,
+                max_tokens: int) -> subprocess.Popen:
     """``omni-backends run`` (from this checkout) writing ``out``/out.wav; the started process."""
-    cmd = [sys.executable, "-m", "omni_backends.cli", "run", "--device", "cpu", "--model-dir", demo, "--out", out,
+    cmd = [sys.executable, "-m", "omni_backends.cli", "run", "--device", device, "--model-dir", demo, "--out", out,
            "--prompt", prompt, "--voice", str(voice), "--seed", str(seed), "--max-tokens", str(max_tokens)]
     return subprocess.Popen(cmd, env={**os.environ, **ENV}, cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)

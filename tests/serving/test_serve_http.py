@@ -1,4 +1,4 @@
-"""``omni-backends serve`` over real HTTP on 127.0.0.1: one server process on the real stage graph (cpu driver,
+"""``omni-backends serve`` over real HTTP on 127.0.0.1: one server process on the real stage graph (the ``--device`` driver,
 three resident AsyncLLM engines), started once for the module, and the ``openai`` client vLLM installs.
 
 - a served WAV equals ``omni-backends run``'s out.wav byte for byte (same prompt, voice, seed);
@@ -41,12 +41,12 @@ CHUNK_FRAMES = 4
 
 
 @pytest.fixture(scope="module")
-def served(demo_models, tmp_path_factory):
+def served(demo_models, test_device, tmp_path_factory):
     """(server, the `run` process, its out dir): the run starts first so the two overlap."""
     out = str(tmp_path_factory.mktemp("run") / "out")
-    run = run_out_wav(demo_models, out, PROMPT, VOICE, SEED, MAX_TOKENS)
+    run = run_out_wav(demo_models, test_device, out, PROMPT, VOICE, SEED, MAX_TOKENS)
     try:
-        server = start_server(demo_models, "--chunk-frames", str(CHUNK_FRAMES), "--max-concurrency", "64")
+        server = start_server(demo_models, test_device, "--chunk-frames", str(CHUNK_FRAMES), "--max-concurrency", "64")
     except BaseException:
         run.kill()
         raise

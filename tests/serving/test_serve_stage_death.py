@@ -44,8 +44,8 @@ def health_status(url: str) -> int | None:
         return None
 
 
-def test_killing_a_stage_engine_fails_its_requests_with_503_and_the_server_exits_non_zero(demo_models):
-    server = start_server(demo_models)
+def test_killing_a_stage_engine_fails_its_requests_with_503_and_the_server_exits_non_zero(demo_models, test_device):
+    server = start_server(demo_models, test_device)
     try:
         engines = engine_processes(server.proc.pid)
         assert len(engines) == 3, [(p.pid, p.name()) for p in engines]  # one per stage
