@@ -248,15 +248,15 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
 def _load_plugin_commands(sub: Any) -> list[str]:
     """Add commands registered under ``omni_backends.commands``; returns warnings.
 
-    Loaded like the drivers (:func:`omni_backends.registry.load_plugins`: a
-    corrupt stevedore cache is bypassed); a plugin that fails to import or to
-    add itself is a warning and never hides the others.
+    Loaded like the drivers (:func:`omni_backends.registry.load_declared`): the installed metadata is the
+    source of truth, so a stale or corrupt stevedore cache, or a stale ``.egg-info`` first on ``sys.path``,
+    never hides an installed command (a warning says what was bypassed and what to delete). A plugin that
+    fails to import or to add itself is a warning and never hides the others.
     """
-    from omni_backends.registry import load_plugins
+    from omni_backends.registry import load_declared
 
-    failures: dict[str, tuple[BaseException, str]] = {}
-    plugins, problem = load_plugins(failures, COMMANDS_NAMESPACE)
-    errors = [problem] if problem else []
+    plugins, failures, notes = load_declared(COMMANDS_NAMESPACE)
+    errors = list(notes)
     errors += [f"command {name!r} failed to load: {type(exc).__name__}: {exc}" for name, (exc, _) in sorted(failures.items())]
     for name in sorted(plugins):
         try:

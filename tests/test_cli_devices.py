@@ -185,3 +185,47 @@ def test_devices_with_an_unknown_device_gives_one_error_line_and_status_2(tmp_pa
     assert p.returncode == 2
     errors = [line for line in p.stderr.splitlines() if line.startswith("omni-backends: error:")]
     assert len(errors) == 1 and "unknown device 'nosuch'" in errors[0], p.stderr
+
+
+def _stale_egg_info(checkout, commands: dict[str, str]):
+    """A stale ``fake_cmds.egg-info`` (what an old ``setup.py develop`` leaves in a source checkout)."""
+    info = checkout / "fake_cmds.egg-info"
+    info.mkdir(parents=True)
+    (info / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: fake-cmds\nVersion: 0.1\n")
+    lines = ["[omni_backends.drivers]", "usable-low = fake_drivers:UsableLowBackend", ""]
+    if commands:
+        lines += ["[omni_backends.commands]", *(f"{n} = {t}" for n, t in commands.items()), ""]
+    (info / "entry_points.txt").write_text("\n".join(lines))
+
+
+@pytest.mark.parametrize("stale", ["egg-info-without-commands", "egg-info-other-target", "cache-without-commands",
+                                   "cache-wrong-target"])
+def test_installed_commands_survive_stale_metadata_and_a_stale_stevedore_cache(tmp_path, stale):
+    """The command namespace is cross-checked against the installed metadata as the drivers' is: a stale
+    ``.egg-info`` first on ``sys.path`` (the cwd, ``python -m``) or a stevedore cache that lists no command or
+    the wrong target never hides an installed command (``invalid choice: 'select-now'``)."""
+    import json
+
+    from fakes.sites import COMMANDS, GROUP, cache_file
+
+    site = make_site(tmp_path, {"fake-cmds": {"usable-low": "fake_drivers:UsableLowBackend"}},
+                     commands={"fake-cmds": {"select-now": "fake_commands:add_select_now"}})
+    cwd, cache_home = site, tmp_path / "cache"
+    if stale.startswith("egg-info"):
+        cwd = tmp_path / "checkout"
+        _stale_egg_info(cwd, {} if stale == "egg-info-without-commands" else
+                        {"select-now": "fake_commands_removed_long_ago:add"})
+    else:
+        if sys.executable.startswith("/tmp"):
+            pytest.skip(f"stevedore never writes its cache for interpreters under /tmp ({sys.executable})")
+        path = cache_file(site, cache_home)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cmds = [] if stale == "cache-without-commands" else [["select-now", "fake_commands_removed_long_ago:add",
+                                                              COMMANDS]]
+        path.write_text(json.dumps({
+            "groups": {GROUP: [["usable-low", "fake_drivers:UsableLowBackend", GROUP]], COMMANDS: cmds},
+            "sys.executable": sys.executable, "sys.prefix": sys.prefix, "path_values": []}))
+    proc = subprocess.run([sys.executable, "-m", "omni_backends.cli", "select-now", "--device", "usable-low"],
+                          cwd=cwd, env=env_for(site, cache_home), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "selected usable-low", proc.stderr
+    assert "invalid choice" not in proc.stderr and "Traceback" not in proc.stderr

@@ -33,7 +33,7 @@ also from ``omni_backends``.
 """
 
 from omni_backends.registry.results import AUTO, ENV_DEVICE, ENV_SELECTION, NAMESPACE, Candidate, DriverEntry, Selection
-from omni_backends.registry.discovery import discover, load_plugins, problem_of
+from omni_backends.registry.discovery import discover, load_declared, load_plugins, problem_of
 from omni_backends.registry.decision import decide, resolve_name, safe_probe
 from omni_backends.registry.vendor_modules import vendor_modules_of
 from omni_backends.registry.handoff import export_selection
@@ -57,6 +57,7 @@ __all__ = [
     "discover",
     "export_selection",
     "get_backend",
+    "load_declared",
     "load_plugins",
     "problem_of",
     "resolve_name",

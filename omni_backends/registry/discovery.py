@@ -149,25 +149,22 @@ def _interface_problem(plugin: Any, value: str, dists: list[str], name: str | No
     return None
 
 
-def discover() -> tuple[dict[str, DriverEntry], list[str]]:
-    """Find and load every installed driver.
+def load_declared(namespace: str, records: Any = None) -> tuple[dict[str, Any], dict[str, tuple[BaseException, str]],
+                                                                 list[str]]:
+    """Load the entry points of ``namespace`` that the installed metadata declares; returns
+    ``(plugins by name, load failures by name, notes)``.
 
-    Returns ``(entries by name, notes)``. Load failures, duplicate names and
-    incompatible interface versions are recorded on the entries, not raised.
-    ``importlib.metadata`` is the source of truth for which drivers are
-    installed: a driver stevedore's (stale) cache does not list, or maps to
-    another target than the installed metadata, is loaded directly, a cached
-    one no distribution declares is ignored, and a note says so. Every
-    metadata record on ``sys.path`` is read (:mod:`omni_backends.registry.metadata`):
-    a stale ``.egg-info`` next to the installed ``.dist-info`` is ignored with
-    a note; records that disagree otherwise are refused, naming each path.
-    """
-    records = driver_records(NAMESPACE)
+    ``importlib.metadata`` is the source of truth (``records``: :func:`omni_backends.registry.metadata.driver_records`
+    of ``namespace``, read if not given; a stale ``.egg-info`` never shadows the installed ``.dist-info``):
+    stevedore loads first (its cache is fast), then an entry point its (stale) cache does not list, or maps to
+    another target than the metadata, is loaded directly, one it lists that no distribution declares is dropped,
+    and a note says so. Failures are ``(exception, formatted traceback)``; nothing is raised."""
+    records = records if records is not None else driver_records(namespace)
     notes: list[str] = list(records.notes)
     declared = _entry_points_with_dists(records)
     failures: dict[str, tuple[BaseException, str]] = {}
     values: dict[str, str] = {}
-    loaded, cache_problem = load_plugins(failures, values=values)
+    loaded, cache_problem = load_plugins(failures, namespace, values=values)
     if cache_problem:
         notes.append(cache_problem)
     missing = [n for n in declared if n not in loaded and n not in failures]
@@ -176,9 +173,10 @@ def discover() -> tuple[dict[str, DriverEntry], list[str]]:
     # swapped targets, or stevedore reading the stale record
     retarget = sorted(n for n, targets in declared.items()
                       if len(targets) == 1 and n in values and values[n] != targets[0][0])
+    what = "driver(s)" if namespace == NAMESPACE else "entry point(s)"
     if retarget:
         notes.append(
-            "stevedore's entry-point cache (or a stale metadata record) points driver(s) elsewhere than the installed "
+            f"stevedore's entry-point cache (or a stale metadata record) points {what} elsewhere than the installed "
             "metadata: " + "; ".join(f"{n} = {values[n]} (installed: {declared[n][0][0]})" for n in retarget)
             + f"; loaded the installed targets. Delete {_stevedore_cache_dir()} to refresh the cache."
         )
@@ -192,8 +190,8 @@ def discover() -> tuple[dict[str, DriverEntry], list[str]]:
             + "; ".join(
                 part
                 for part in (
-                    f"missing installed driver(s) {', '.join(sorted(missing))}" if missing else "",
-                    f"lists driver(s) no installed distribution declares: {', '.join(phantom)}" if phantom else "",
+                    f"missing installed {what} {', '.join(sorted(missing))}" if missing else "",
+                    f"lists {what} no installed distribution declares: {', '.join(phantom)}" if phantom else "",
                 )
                 if part
             )
@@ -204,6 +202,25 @@ def discover() -> tuple[dict[str, DriverEntry], list[str]]:
             failures.pop(name, None)
         eps = [ep for n in missing for ep, _ in records.entry_points[n]]
         loaded.update(_load_direct(eps, failures))
+    return loaded, failures, notes
+
+
+def discover() -> tuple[dict[str, DriverEntry], list[str]]:
+    """Find and load every installed driver.
+
+    Returns ``(entries by name, notes)``. Load failures, duplicate names and
+    incompatible interface versions are recorded on the entries, not raised.
+    ``importlib.metadata`` is the source of truth for which drivers are
+    installed (:func:`load_declared`): a driver stevedore's (stale) cache does not list, or maps to
+    another target than the installed metadata, is loaded directly, a cached
+    one no distribution declares is ignored, and a note says so. Every
+    metadata record on ``sys.path`` is read (:mod:`omni_backends.registry.metadata`):
+    a stale ``.egg-info`` next to the installed ``.dist-info`` is ignored with
+    a note; records that disagree otherwise are refused, naming each path.
+    """
+    records = driver_records(NAMESPACE)
+    declared = _entry_points_with_dists(records)
+    loaded, failures, notes = load_declared(NAMESPACE, records)
 
     entries: dict[str, DriverEntry] = {}
     for name, conflict in records.conflicts.items():
@@ -245,4 +262,4 @@ def problem_of(entry: DriverEntry) -> str | None:
     return None
 
 
-__all__ = ["discover", "load_plugins", "problem_of"]
+__all__ = ["discover", "load_declared", "load_plugins", "problem_of"]
