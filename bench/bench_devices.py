@@ -14,7 +14,7 @@ Measures, in one run on this machine:
   intel_extension_for_pytorch, triton) a ``devices`` process imported.
 
 Usage: ``python bench/bench_devices.py [--runs 15] [--stock-runs 5] [--write] [--out DIR] [--check-goal]``;
-``--write`` replaces the "## Issue 2 — device discovery" section of bench/RESULTS.md; ``--out DIR`` writes
+``--write`` replaces the "## Device discovery" section of bench/RESULTS.md; ``--out DIR`` writes
 ``bench_devices.json`` / ``.md`` there; ``--stock-runs 0`` skips the stock vLLM figure (each run imports
 vLLM, ~9 s on the CI box). Goal: cold ``devices`` <= 0.5 s, no vendor module imported -- reported, and the
 exit status only with ``--check-goal`` (1 when missed), so a loaded host never fails a run for time.
@@ -38,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "RESULTS.md"
-HEADING = "## Issue 2 — device discovery"
+HEADING = "## Device discovery"
 VENDOR = ("torch", "vllm", "vllm_ascend", "torch_npu", "intel_extension_for_pytorch", "triton")
 GOAL_S = 0.5
 

@@ -6,12 +6,17 @@
   (``V2_STATE_SEAMS``, written ``ModelState.<name>``, each declared alternative spelling too) and the V2 runner
   seams (``V2_RUNNER_SEAMS``, written ``GPUModelRunner.<name>``). A seam declared but missing from the table, or
   named in the table but not declared, fails.
-- Every repository path in backticks (or in a fenced block) in ``README.md`` and ``docs/*.md`` that starts with
+- Every repository path in backticks (or in a fenced block) in ``README.md``, ``docs/*.md``, ``bench/RESULTS.md``
+  and ``ci/gpu/README.md`` that starts with
   ``core/``, ``omni_backends/``, ``tests/``, ``ci/``, ``.ci/``, ``docs/``, ``scripts/``, ``bench/`` exists (globs and
   ``{a,b}`` alternatives expanded; ``file.py:Name`` and ``file.py::test`` name the file); so does the target of
   every relative markdown link. A failure names the file and line.
 - ``docs/`` holds documents only (no logs).
 - ``README.md`` is a front page: at most :data:`README_MAX_LINES` lines; the detail lives in ``docs/``.
+- The project speaks of the project: no numbered label of the team's working periods ("s<N>", "session <N>",
+  "stop <N>", "the <ordinal> session", "issue-<N> session") in any file of the repository or in any file's name; only
+  the content of the logs under ``ci/logs/`` is left as it was written. A run or a figure is named by its date,
+  commit and machine (:data:`WORK_PERIOD` is the pattern).
 - The README's verification table says, for each installed driver, the levels ``omni-backends devices`` prints
   (the driver class's ``verification``), in its "`devices` says" column.
 """
@@ -29,7 +34,8 @@ from core import seams
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
-DOC_FILES = [os.path.join(ROOT, "README.md"), *DOCS]
+DOC_FILES = [os.path.join(ROOT, "README.md"), *DOCS, os.path.join(ROOT, "bench", "RESULTS.md"),
+             os.path.join(ROOT, "ci", "gpu", "README.md")]
 RUNNER_DOC = os.path.join(ROOT, "docs", "core-runner.md")
 README_MAX_LINES = 150
 PATH_PREFIXES = ("core/", "omni_backends/", "tests/", "ci/", ".ci/", "docs/", "scripts/", "bench/")
@@ -37,6 +43,18 @@ PATH_PREFIXES = ("core/", "omni_backends/", "tests/", "ci/", ".ci/", "docs/", "s
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 SEAM_REF = re.compile(r"^(GPUModelRunner|ModelState)\.([A-Za-z_]\w*)$")
+_NUMBER = (r"(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|\w+teen|twenty|thirty|forty|fifty|sixty)")
+_ORDINAL = r"(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|\w+teenth|\w+tieth|\w+ty-\w+)"
+#: a numbered label of a working period: "s<N>", "session <N>" (also "-<N>", "<N>", "s <N>", spelled out),
+#: "the <ordinal> session", "stop <N>", "issue-<N> session"
+WORK_PERIOD = re.compile(
+    r"\bs\d{2,3}\b"
+    r"|\bsessions?[\s_-]*\d+"
+    r"|\bsession[\s_-]+" + _NUMBER + r"\b"
+    r"|\b" + _ORDINAL + r"[\s_-]+session\b"
+    r"|\bstop[\s_-]*\d+\b"
+    r"|\bissue[\s_-]*\d+[\s_-]+session\b", re.I)
+LOGS = "ci/logs/"
 
 
 # ------------------------------------------------------------------ helpers (self-tested below)
@@ -182,6 +200,60 @@ def test_readme_is_a_front_page():
         n = len(f.read().splitlines())
     assert n <= README_MAX_LINES, (
         f"README.md has {n} lines, at most {README_MAX_LINES}: move the detail into docs/ and link it")
+
+
+# ------------------------------------------------------------------ working-period labels
+def repository_files(root: str = ROOT) -> list[str]:
+    """Every file of the repository, relative to ``root``: tracked and untracked-but-not-ignored (``git ls-files``);
+    without git, every file under ``root`` outside hidden and cache folders."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=root, capture_output=True,
+                             check=True, timeout=60).stdout.decode()
+        return sorted(p for p in out.split("\0") if p and os.path.isfile(os.path.join(root, p)))
+    except (OSError, subprocess.SubprocessError):
+        skip = {".git", ".venv", "__pycache__", "reports", "out", "build", "dist"}
+        return sorted(os.path.relpath(os.path.join(d, f), root) for d, dirs, files in os.walk(root)
+                      for f in files if not dirs.__setitem__(slice(None), [x for x in dirs if x not in skip]))
+
+
+def work_period_labels(name: str, text: str | None) -> list[str]:
+    """``name: label`` / ``name:line: label`` for every working-period label in a file's name and its text
+    (``text`` None: the name only)."""
+    found = [f"{name}: {m.group(0)!r} in the file name" for m in WORK_PERIOD.finditer(name)]
+    for n, line in enumerate((text or "").splitlines(), 1):
+        found += [f"{name}:{n}: {m.group(0)!r}" for m in WORK_PERIOD.finditer(line)]
+    return found
+
+
+def test_no_working_period_labels_outside_the_logs_content():
+    found = []
+    for rel in repository_files():
+        text = None
+        if not rel.startswith(LOGS):
+            try:
+                with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+                    text = f.read()
+            except (UnicodeDecodeError, OSError):
+                text = None  # not text: its name is still checked
+        found += work_period_labels(rel, text)
+    assert not found, ("labels of the team's working periods, which a reader cannot resolve -- name a run by its "
+                       "date, commit and machine:\n  " + "\n  ".join(found[:60]))
+
+
+def test_work_period_pattern_finds_the_labels_and_leaves_ordinary_words():
+    s, session, stop = "s", "session", "stop"  # built here so this file holds no label itself
+    for label in (f"{s}34", f"-{s}30-runA.txt", f"{session} 34", f"{session.title()} 33", f"{session}-31",
+                  f"{session}29", f"{session}s 30-34", f"{session} thirty-four", f"the second {session}",
+                  f"thirty-fourth {session}", f"{stop} 34", f"issue-25 {session}", f"run 9 of {s}34"):
+        assert WORK_PERIOD.search(label), label
+    for ordinary in ("scope=\"session\"", "start_new_session=True", "a test session", "capture session",
+                     "s16le", "sha256", "H200", "issue 25", "stop the engine", "sessions", "x86_64",
+                     "ci/logs/h200-2026-12-03-summary-ec45415-251fee1.md"):
+        assert not WORK_PERIOD.search(ordinary), ordinary
+    assert work_period_labels(f"ci/logs/h200-{s}34.md", None) == [f"ci/logs/h200-{s}34.md: '{s}34' in the file name"]
+    assert work_period_labels("a.md", f"x\nran in {session} 34\n") == [f"a.md:2: '{session} 34'"]
 
 
 # ------------------------------------------------------------------ the README's verification levels
