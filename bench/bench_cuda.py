@@ -3,10 +3,10 @@
     python bench/bench_cuda.py [--out DIR] [--quick]
 
 1. Graph replay of a decode-like step (batch 8, 4 layers of RMS norm + gated
-   MLP, bf16): through the driver (``StaticGraph`` over ``Backend.new_graph``
+   MLP, bf16): through the driver (``StaticGraph`` over ``KitOps.new_graph``
    / ``graph_capture``) vs raw ``torch.cuda.CUDAGraph`` + ``torch.cuda.graph``
    + ``CUDAGraph.replay``. Goal: driver >= 0.98x raw speed.
-2. Buffer copies, 64 B .. 256 MiB: H2D through ``Backend.copy_to_device`` on a
+2. Buffer copies, 64 B .. 256 MiB: H2D through ``KitOps.copy_to_device`` on a
    fenced pinned buffer vs raw ``gpu.copy_(pinned, non_blocking=True)``; D2H
    through ``FencedHostBuffer.copy_to_cpu`` + reading ``.cpu`` vs raw
    ``pinned.copy_(gpu, non_blocking=True)`` + event sync. Both use the same

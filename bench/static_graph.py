@@ -14,14 +14,14 @@ class StaleGraphInputError(ValueError):
 class StaticGraph:
     """One captured device graph over persistent (static) input tensors.
 
-    Built on a driver's torch-level graph primitive (``Backend.new_graph``,
-    ``Backend.graph_capture``, ``Backend.graph_pool_handle``), the way
+    Built on a driver's torch-level graph primitive (``KitOps.new_graph``,
+    ``KitOps.graph_capture``, ``KitOps.graph_pool_handle``), the way
     ``CUDAGraphWrapper`` is built on ``torch.cuda.CUDAGraph``.
 
     ``fn(*static_inputs)`` is run ``warmup`` times on a side stream, then
     captured once. A replay re-runs the captured kernels on the *same memory*:
     new input values must be written in place into ``static_inputs`` (e.g.
-    ``x.copy_(new)`` or ``Backend.copy_to_device`` into a persistent buffer);
+    ``x.copy_(new)`` or ``KitOps.copy_to_device`` into a persistent buffer);
     outputs are the same tensors (:attr:`outputs`) every replay, overwritten.
 
     Graphs sharing a ``pool`` must be replayed in the order they were

@@ -24,7 +24,7 @@ never changed) and starts one process per rank. Each rank
 2. creates the process group with the driver's distributed backend name
    (``RankDevice.dist_backend``, ``nccl``) and all-reduces 1 Ki and 16 Mi
    float32 elements, checking the exact sum;
-3. replays a graph-captured step (``Backend.new_graph`` / ``graph_capture``:
+3. replays a graph-captured step (``KitOps.new_graph`` / ``graph_capture``:
    matmul + bias + GELU, fresh inputs copied into the static buffer) and
    compares every replay with the eager result. Reported apart (not part of
    the pass): a graph that captures the process group's NCCL all-reduce,

@@ -1,24 +1,31 @@
-"""The Backend interface: everything that differs between devices, in one place.
+"""The Backend interface: what the core runner and the driver selection call, in one place.
 
 A driver is a subclass of :class:`Backend` registered under the entry-point
 group ``omni_backends.drivers``. The core omni runner (``core/``) calls only
-this interface; it never names a device. :class:`Backend` reads in three parts,
+this interface; it never names a device. :class:`Backend` reads in two parts,
 in the order a driver implements them (``docs/vendor-guide.md`` counts them):
 
-1. required      -- identity (class attributes) and the abstract methods the
-                    core and the selection call: probe, capabilities, device,
-                    device count, synchronize, memory, the ordering-safe
-                    to-host copy, forward context, graph wrapping, the vendor's
-                    runner and worker bases;
-2. defaults      -- methods the core or selection call that most drivers
-                    inherit: peak memory, distributed backend, visible-devices
-                    parsing, graph-capture context, sampler preparation, model
-                    and vLLM-platform checks, identity report;
-3. kit operations (optional) -- streams, events, generators, the torch graph
-                    primitive, sampler, CPU/device buffers, attention metadata:
-                    the core never calls them, the conformance kit
-                    (:mod:`omni_backends.testing`) exercises them. Marked with
-                    :func:`kit_operation`.
+1. required -- identity (class attributes) and the abstract methods the
+               core and the selection call: probe, capabilities, device,
+               device count, synchronize, memory, the ordering-safe to-host
+               copy, forward context, graph wrapping, the vendor's runner and
+               worker bases;
+2. defaults -- methods the core or selection call that most drivers
+               inherit: peak memory, distributed backend, visible-devices
+               parsing, events (where :attr:`Capabilities.events` says so),
+               graph-capture context, sampler preparation, model and
+               vLLM-platform checks, identity report.
+
+What a driver supports is declared in :class:`Capabilities`; the core reads
+those flags and never probes a method by catching an exception.
+
+The conformance kit needs more device operations than the core does (streams,
+generators, the torch graph primitive, a sampler, buffers, attention metadata,
+the KV write): they are the protocol
+:class:`omni_backends.testing.kit_ops.KitOps`, which a driver implements beside
+this interface and the kit checks. The shared bases
+(:class:`~omni_backends.torch_device.TorchAcceleratorBackend`,
+:class:`~omni_backends.vllm_upstream.VllmUpstreamBackend`) write most of it.
 
 Policy every driver shares lives in :mod:`omni_backends.policy` (re-exported
 here): :func:`capture_sizes` (graph capture sizes) and
@@ -36,33 +43,13 @@ import contextlib
 import dataclasses
 import enum
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Iterator, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Mapping
 
 from omni_backends.device_lists import parse_generic
 from omni_backends.policy import capture_sizes, check_attn_metadata
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def kit_operation(fn: _F) -> _F:
-    """Mark a :class:`Backend` method as a kit operation (part 3): optional for
-    the core, exercised by the conformance kit. Sets ``__kit_operation__``."""
-    setattr(fn, "__kit_operation__", True)
-    return fn
-
-
-def kit_operation_missing(backend: "Backend", method: str) -> NotImplementedError:
-    """The error a kit operation's default raises: names the driver, the
-    method and why only the kit needs it."""
-    return NotImplementedError(
-        f"driver {backend.name!r} does not implement Backend.{method}, an optional kit operation: the core never "
-        f"calls it, the conformance kit does. Implement it (or build on TorchAcceleratorBackend / "
-        f"VllmUpstreamBackend) to run the kit; see docs/vendor-guide.md."
-    )
-
 
 #: Version of this interface. A driver lists the versions it implements in
 #: ``Backend.interface_versions``; the registry refuses a driver whose list
@@ -145,6 +132,9 @@ class Capabilities:
     - ``d2h_stream_ordered``: a non-blocking device->host copy followed by an
       event synchronize yields complete data (False on some XPU stacks).
     - ``pinned_memory``: page-locked host buffers are available.
+    - ``events``: :meth:`Backend.new_event` returns a device event; the core
+      fences its in-flight host copies with one, and synchronizes the device
+      where this is False.
     - ``v1_runner`` / ``v2_runner``: vLLM's V1 / V2 model runner can run.
     - ``talker_mtp_graph``: the talker MTP head may be graph-captured.
 
@@ -159,6 +149,7 @@ class Capabilities:
     v1_runner: bool = True
     v2_runner: bool = False
     talker_mtp_graph: bool = False
+    events: bool = False
     device_sync_after_replay_safe: dataclasses.InitVar[bool | None] = None
 
     def __post_init__(self, device_sync_after_replay_safe: bool | None) -> None:
@@ -182,12 +173,13 @@ class Backend(abc.ABC):
     Identity is data (class attributes); behaviour is methods. Every method
     that names a vLLM or vendor symbol delegates to it; nothing here
     re-implements vLLM. Read top to bottom: (1) what a driver must write,
-    (2) what it may override, (3) the optional kit operations.
+    (2) what it may override.
 
     Drivers on PyTorch's device-generic API build on
     :class:`omni_backends.torch_device.TorchAcceleratorBackend` and drivers on
     vLLM's own components on :class:`omni_backends.vllm_upstream.VllmUpstreamBackend`,
-    both ``Backend`` subclasses that write most of parts 1 and 3.
+    both ``Backend`` subclasses that write most of part 1 and of the kit's
+    :class:`~omni_backends.testing.kit_ops.KitOps`.
     """
 
     # ---------------------------------------------------------------- identity
@@ -361,6 +353,18 @@ class Backend(abc.ABC):
         ``{visible_devices_env: device_id}``; ``{}`` without a variable."""
         return {cls.visible_devices_env: device_id} if cls.visible_devices_env else {}
 
+    def new_event(self, enable_timing: bool = False) -> Any:
+        """A new event on the current device (``torch.Event``) with ``record()``,
+        ``synchronize()``, ``wait(stream)`` and, if ``enable_timing``,
+        ``elapsed_time`` (ms). The core calls it only where
+        ``capabilities().events`` is True (a driver declaring events writes it;
+        the kit checks both). Default: raises
+        :class:`~omni_backends.errors.OmniBackendError` (no events)."""
+        from omni_backends.errors import OmniBackendError
+
+        raise OmniBackendError(f"driver {self.name!r} has no device events (capabilities().events is False); the "
+                               "caller should have read the capability and synchronized instead")
+
     def graph_capture_context(self, device: "torch.device") -> ContextManager[Any]:
         """Context for a capture session (``vllm.distributed.parallel_state.graph_capture``).
         Default: a null context (no graphs)."""
@@ -433,156 +437,9 @@ class Backend(abc.ABC):
             "verification": [v.value for v in cls.verification],
         }
 
-    # ======================================================================
-    # 3. Kit operations (optional): the core never calls these; the
-    #    conformance kit (omni_backends.testing.suite) exercises them to show
-    #    the device behaves as vLLM's components assume. A default raises
-    #    NotImplementedError naming the method, so the kit fails a driver
-    #    that lacks one; a driver that only runs the core may leave them.
-    # ======================================================================
-
-    # ---------------------------------------------------------- device ops
-    @kit_operation
-    def set_device(self, index: int) -> None:
-        """Make device ``index`` current for this thread
-        (``torch.accelerator.set_device_index``). Raises ``RuntimeError`` for a
-        bad index."""
-        raise kit_operation_missing(self, "set_device")
-
-    @kit_operation
-    def new_stream(self) -> Any:
-        """A new side stream on the current device (``torch.Stream``)."""
-        raise kit_operation_missing(self, "new_stream")
-
-    @kit_operation
-    def current_stream(self) -> Any:
-        """The current stream (``torch.accelerator.current_stream``)."""
-        raise kit_operation_missing(self, "current_stream")
-
-    @kit_operation
-    def stream_context(self, stream: Any) -> ContextManager[Any]:
-        """Make ``stream`` current inside the ``with`` block."""
-        raise kit_operation_missing(self, "stream_context")
-
-    @kit_operation
-    def new_event(self, enable_timing: bool = False) -> Any:
-        """A new event (``torch.Event``) with ``record()``, ``synchronize()``,
-        ``wait(stream)`` and, if ``enable_timing``, ``elapsed_time`` (ms)."""
-        raise kit_operation_missing(self, "new_event")
-
-    @kit_operation
-    def empty_cache(self) -> None:
-        """Release cached, unused allocator blocks (``torch.accelerator.empty_cache``)."""
-        raise kit_operation_missing(self, "empty_cache")
-
-    @kit_operation
-    def generator(self, seed: int) -> "torch.Generator":
-        """A ``torch.Generator`` on this device seeded with ``seed``; the same
-        seed yields the same random stream. Default:
-        ``torch.Generator(device=self.device()).manual_seed(seed)``."""
-        import torch
-
-        return torch.Generator(device=self.device()).manual_seed(int(seed))
-
-    @kit_operation
-    def is_device_tensor(self, tensor: "torch.Tensor") -> bool:
-        """True if ``tensor`` lives on this driver's device type (what ``t.is_cuda``
-        asks on CUDA). Default: ``tensor.device.type == device_type``."""
-        return tensor.device.type == self.device_type
-
-    # ---------------------------------------------------------- torch graph primitive (what graph wrappers build on)
-    @kit_operation
-    def new_graph(self) -> Any:
-        """A new, empty device graph (``torch.cuda.CUDAGraph`` /
-        ``torch.npu.NPUGraph`` / ``torch.xpu.XPUGraph``).
-
-        Raises ``NotImplementedError`` when ``capabilities().static_graphs`` is False.
-        """
-        raise NotImplementedError(f"driver {self.name!r} has no static graphs (capabilities().static_graph_modes is empty)")
-
-    @kit_operation
-    def graph_capture(self, graph: Any, pool: Any = None, stream: Any = None) -> ContextManager[Any]:
-        """Capture the work issued inside the block into ``graph``
-        (``torch.cuda.graph(graph, pool=, stream=)`` and its vendor twins).
-        Replay with ``graph.replay()``: inputs must live in persistent buffers
-        updated in place. Raises ``NotImplementedError`` without static graphs."""
-        raise NotImplementedError(f"driver {self.name!r} has no static graphs")
-
-    @kit_operation
-    def graph_pool_handle(self) -> Any:
-        """A memory-pool handle shared by several captures (``torch.cuda.graph_pool_handle``)."""
-        raise NotImplementedError(f"driver {self.name!r} has no static graphs")
-
-    # ---------------------------------------------------------- sampler
-    @kit_operation
-    def make_sampler(self, logprobs_mode: str = "raw_logprobs") -> Any:
-        """The vendor's V1 sampler (``vllm.v1.sample.sampler.Sampler`` /
-        ``vllm_ascend.sample.sampler.AscendSampler``): called as
-        ``sampler(logits=[num_reqs, vocab] float, sampling_metadata=SamplingMetadata)``
-        and returning ``SamplerOutput(sampled_token_ids=[num_reqs, 1] int32, ...)``."""
-        raise kit_operation_missing(self, "make_sampler")
-
-    # ---------------------------------------------------------- buffers
-    @kit_operation
-    def make_buffer(self, *size: int, dtype: "torch.dtype", numpy: bool = True) -> Any:
-        """A CPU/device buffer pair with ``vllm.v1.utils.CpuGpuBuffer``
-        semantics (``.cpu``, ``.gpu``, ``.np``; ``numpy`` must be False for
-        bfloat16), pinned when the device supports it."""
-        raise kit_operation_missing(self, "make_buffer")
-
-    @kit_operation
-    def copy_to_device(self, buffer: Any, n: int | None = None) -> "torch.Tensor":
-        """Copy ``buffer.cpu[:n]`` into ``buffer.gpu[:n]`` and return the device
-        slice, safe to consume by the next kernel and safe against the caller
-        rewriting ``buffer.cpu`` right after. Where H2D is not stream-ordered
-        the driver copies blocking or makes the current stream wait on an
-        event."""
-        raise kit_operation_missing(self, "copy_to_device")
-
-    # ---------------------------------------------------------- attention metadata
-    @kit_operation
-    def common_attn_metadata_cls(self) -> type:
-        """The common attention-metadata class the vendor builders take
-        (``vllm.v1.attention.backend.CommonAttentionMetadata`` /
-        ``vllm_ascend.attention.utils.AscendCommonAttentionMetadata``)."""
-        raise kit_operation_missing(self, "common_attn_metadata_cls")
-
-    @kit_operation
-    def write_kv_cache(
-        self,
-        key: "torch.Tensor",
-        value: "torch.Tensor",
-        key_cache: "torch.Tensor",
-        value_cache: "torch.Tensor",
-        slot_mapping: "torch.Tensor",
-    ) -> None:
-        """Write ``key``/``value`` ``[num_tokens, num_kv_heads, head_size]`` into
-        the paged caches ``[num_blocks, block_size, num_kv_heads, head_size]``
-        (vLLM's flash layout) at ``slot_mapping`` (int64 ``[>= num_tokens]``,
-        slot = block * block_size + offset). A slot < 0 is padding and is never
-        written. This default is the torch (non-kernel) write path for forwards
-        run outside vLLM's attention layers; a driver may override it with the
-        vendor kernel (``reshape_and_cache_flash``) if that skips padding too.
-        Raises ``ValueError`` if a slot is past the end of the cache."""
-        import torch
-
-        slots = slot_mapping[: key.shape[0]].to(torch.int64)
-        real = slots >= 0
-        capacity = key_cache.shape[0] * key_cache.shape[1]
-        if bool((slots >= capacity).any()):
-            raise ValueError(f"slot_mapping has a slot >= the cache's {capacity} slots; check the block table")
-        for src, cache in ((key, key_cache), (value, value_cache)):
-            cache.view(capacity, *cache.shape[2:]).index_copy_(0, slots[real], src[real].to(cache.dtype))
-
     # ---------------------------------------------------------- report
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r}>"
-
-
-@contextlib.contextmanager
-def null_stream_context(stream: Any) -> Iterator[Any]:
-    """A stream context for devices without streams (CPU)."""
-    yield stream
 
 
 __all__ = [
@@ -594,7 +451,4 @@ __all__ = [
     "Verification",
     "capture_sizes",
     "check_attn_metadata",
-    "kit_operation",
-    "kit_operation_missing",
-    "null_stream_context",
 ]

@@ -5,6 +5,9 @@
 (CUDA, XPU) and for PrivateUse1 backends that register with it (torch_npu).
 Drivers whose device follows that API subclass :class:`TorchAcceleratorBackend`
 and provide only what torch has no generic form for (the graph class).
+:class:`GenericKitOps` holds the device-generic forms of three operations of
+the conformance kit's :class:`~omni_backends.testing.kit_ops.KitOps`, which both
+shared bases include.
 Also here: the CPU/device buffer copy contracts (:class:`FencedHostBuffer`,
 :func:`copy_host_to_device`, :func:`copy_host_to_device_blocking`).
 Nothing here rebinds an attribute of ``torch``.
@@ -19,13 +22,66 @@ from typing import Any, ContextManager, Iterator
 from omni_backends.backend import Backend
 
 
-class TorchAcceleratorBackend(Backend):
+class GenericKitOps:
+    """Device-generic forms of six :class:`~omni_backends.testing.kit_ops.KitOps`
+    operations for a :class:`~omni_backends.backend.Backend` subclass to include
+    (they read only ``self.name``, ``self.device()`` and ``self.device_type``):
+    ``generator``, ``is_device_tensor``, ``write_kv_cache``, and the graph
+    primitive of a device without static graphs (``new_graph``,
+    ``graph_capture``, ``graph_pool_handle`` raise ``NotImplementedError``; a
+    driver with graphs overrides them). The core never calls them."""
+
+    def generator(self, seed: int) -> Any:
+        """``torch.Generator(device=self.device()).manual_seed(seed)``: the same seed yields the same stream."""
+        import torch
+
+        return torch.Generator(device=self.device()).manual_seed(int(seed))
+
+    def is_device_tensor(self, tensor: Any) -> bool:
+        """True if ``tensor`` lives on this driver's device type (``tensor.device.type == device_type``,
+        what ``t.is_cuda`` asks on CUDA)."""
+        return tensor.device.type == self.device_type
+
+    def new_graph(self) -> Any:
+        """No static graphs here: raises ``NotImplementedError`` (``capabilities().static_graph_modes`` is empty)."""
+        raise NotImplementedError(f"driver {getattr(self, 'name', '?')!r} has no static graphs "
+                                  "(capabilities().static_graph_modes is empty)")
+
+    def graph_capture(self, graph: Any, pool: Any = None, stream: Any = None) -> ContextManager[Any]:
+        """No static graphs here: raises ``NotImplementedError``."""
+        raise NotImplementedError(f"driver {getattr(self, 'name', '?')!r} has no static graphs")
+
+    def graph_pool_handle(self) -> Any:
+        """No static graphs here: raises ``NotImplementedError``."""
+        raise NotImplementedError(f"driver {getattr(self, 'name', '?')!r} has no static graphs")
+
+    def write_kv_cache(self, key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any) -> None:
+        """Write ``key``/``value`` ``[num_tokens, num_kv_heads, head_size]`` into
+        the paged caches ``[num_blocks, block_size, num_kv_heads, head_size]``
+        (vLLM's flash layout) at ``slot_mapping`` (int64 ``[>= num_tokens]``,
+        slot = block * block_size + offset). A slot < 0 is padding and is never
+        written. The torch (non-kernel) write path; a driver may override it with
+        the vendor kernel (``reshape_and_cache_flash``) if that skips padding too.
+        Raises ``ValueError`` if a slot is past the end of the cache."""
+        import torch
+
+        slots = slot_mapping[: key.shape[0]].to(torch.int64)
+        real = slots >= 0
+        capacity = key_cache.shape[0] * key_cache.shape[1]
+        if bool((slots >= capacity).any()):
+            raise ValueError(f"slot_mapping has a slot >= the cache's {capacity} slots; check the block table")
+        for src, cache in ((key, key_cache), (value, value_cache)):
+            cache.view(capacity, *cache.shape[2:]).index_copy_(0, slots[real], src[real].to(cache.dtype))
+
+
+class TorchAcceleratorBackend(GenericKitOps, Backend):
     """A :class:`~omni_backends.backend.Backend` whose device operations are
     ``torch.accelerator``'s (the way vLLM's ``CudaPlatformBase`` is a ``Platform``).
 
     Writes the device part of the required group (``device``, ``device_count``,
-    ``synchronize``, ``memory_info``, ``to_host``), ``peak_memory``, and the
-    device kit operations (``set_device``, streams, events, ``empty_cache``).
+    ``synchronize``, ``memory_info``, ``to_host``), ``peak_memory``, ``new_event``
+    (``torch.Event``), and the kit's device operations (``set_device``, streams,
+    ``empty_cache``; :class:`~omni_backends.testing.kit_ops.KitOps`).
     A subclass sets ``device_type`` (``"cuda"``, ``"xpu"``, ``"npu"``) and still
     writes ``probe``, ``capabilities`` (:meth:`to_host` reads its D2H ordering
     flag), the forward context, graph wrapping and the runner bases -- or
@@ -282,7 +338,7 @@ class FencedHostBuffer:
 
 
 def copy_host_to_device(buffer: Any, n: int | None = None) -> Any:
-    """``Backend.copy_to_device`` for drivers whose H2D copies are stream-ordered.
+    """``KitOps.copy_to_device`` for drivers whose H2D copies are stream-ordered.
 
     A :class:`FencedHostBuffer` copies non-blocking and fences its host side
     (see its contract). Any other ``CpuGpuBuffer``-like object cannot fence
@@ -307,7 +363,7 @@ def copy_host_to_device(buffer: Any, n: int | None = None) -> Any:
 
 
 def copy_host_to_device_blocking(buffer: Any, n: int | None = None) -> Any:
-    """``Backend.copy_to_device`` for drivers whose H2D copies are *not*
+    """``KitOps.copy_to_device`` for drivers whose H2D copies are *not*
     stream-ordered (``Capabilities.h2d_stream_ordered=False``): a blocking copy
     of ``buffer.cpu[:n]`` into ``buffer.gpu[:n]``, so on return the device slice
     is complete and ``buffer.cpu`` may be rewritten. Returns the device slice."""

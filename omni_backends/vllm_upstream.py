@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 from omni_backends.backend import Backend
 from omni_backends.binding import VendorSymbol
-from omni_backends.torch_device import copy_host_to_device_blocking
+from omni_backends.torch_device import GenericKitOps, copy_host_to_device_blocking
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
@@ -73,16 +73,16 @@ CPU_GPU_BUFFER = VendorSymbol(
 COMMON_ATTN_METADATA = VendorSymbol("vllm.v1.attention.backend", "CommonAttentionMetadata", kind="class")
 
 
-class VllmUpstreamBackend(Backend):
+class VllmUpstreamBackend(GenericKitOps, Backend):
     """A :class:`~omni_backends.backend.Backend` whose forward context, graph
     wrapper, sampler, ``CpuGpuBuffer`` and ``CommonAttentionMetadata`` are
     upstream vLLM's (the cpu, cuda and xpu drivers; an out-of-tree driver on
     vLLM's own components).
 
     Writes ``forward_context`` and ``wrap_graph`` (required), the defaults
-    ``graph_capture_context`` and ``prepare_sampler``, and the kit operations
-    ``make_sampler``, ``make_buffer``, ``copy_to_device``,
-    ``common_attn_metadata_cls``; each reads the driver's ``capabilities()``
+    ``graph_capture_context`` and ``prepare_sampler``, and the kit's
+    (:class:`~omni_backends.testing.kit_ops.KitOps`) ``make_sampler``,
+    ``make_buffer``, ``copy_to_device``, ``common_attn_metadata_cls``; each reads the driver's ``capabilities()``
     (and ``device()`` for buffers). Combine it with
     :class:`~omni_backends.torch_device.TorchAcceleratorBackend` for the device
     operations: ``class MyBackend(TorchAcceleratorBackend, VllmUpstreamBackend)``.

@@ -1,7 +1,9 @@
-"""The Backend contract itself (issue 23): every method has a caller outside the
-tests, its three parts are what docs/vendor-guide.md counts, backend.py reads
-required -> defaults -> kit operations, every driver keeps the one
-``forward_context`` signature, and the shared bases are real Backends.
+"""The Backend contract itself: every method has a caller in the core or the
+driver selection, its two parts are what docs/vendor-guide.md counts, backend.py
+reads required -> defaults, the kit's extra device operations are the protocol
+``omni_backends.testing.kit_ops.KitOps`` (every driver implements it, the kit
+exercises and checks it), every driver keeps the one ``forward_context``
+signature, and the shared bases are real Backends.
 
 Pure source and class inspection: no device, no vLLM engine.
 """
@@ -17,12 +19,13 @@ import textwrap
 import pytest
 
 from omni_backends.backend import Backend
+from omni_backends.testing.kit import check_kit_ops
+from omni_backends.testing.kit_ops import KIT_OPS, KitOps, missing_kit_ops
 from omni_backends.torch_device import TorchAcceleratorBackend
 from omni_backends.vllm_upstream import VllmUpstreamBackend
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-#: where a caller counts: the core runner and this package (its kit included), never tests/
-CALLER_ROOTS = ("core", "omni_backends")
+KIT = ROOT / "omni_backends" / "testing"
 
 
 # ------------------------------------------------------------------ the parts, read from the class
@@ -38,21 +41,27 @@ def public_methods(cls: type = Backend) -> list[str]:
 
 
 def contract_parts(cls: type = Backend) -> dict[str, list[str]]:
-    """``required`` (abstract), ``defaults``, ``kit`` (marked ``kit_operation``), in definition order."""
+    """``required`` (abstract) and ``defaults`` of the Backend, in definition order, and the
+    kit's ``kit`` operations (:data:`KIT_OPS`)."""
     methods = public_methods(cls)
     required = [n for n in methods if n in cls.__abstractmethods__]
-    kit = [n for n in methods if getattr(_function(cls, n), "__kit_operation__", False)]
-    defaults = [n for n in methods if n not in required and n not in kit]
-    return {"required": required, "defaults": defaults, "kit": kit}
+    defaults = [n for n in methods if n not in required]
+    return {"required": required, "defaults": defaults, "kit": list(KIT_OPS)}
 
 
-def test_backend_reads_required_then_defaults_then_kit_operations():
+def test_backend_reads_required_then_defaults():
     parts = contract_parts()
     order = public_methods()
-    assert order == parts["required"] + parts["defaults"] + parts["kit"], (
-        "omni_backends/backend.py must define the abstract methods first, then the defaults, then the kit operations; "
+    assert order == parts["required"] + parts["defaults"], (
+        "omni_backends/backend.py must define the abstract methods first, then the defaults; "
         f"got {order}")
-    assert parts["required"] and parts["defaults"] and parts["kit"]
+    assert parts["required"] and parts["defaults"]
+
+
+def test_kit_operations_are_not_backend_methods():
+    """The kit's device operations live in the KitOps protocol, not on the core's contract."""
+    assert not set(KIT_OPS) & set(dir(Backend)), sorted(set(KIT_OPS) & set(dir(Backend)))
+    assert len(KIT_OPS) == 15
 
 
 # ------------------------------------------------------------------ the counts in the vendor guide
@@ -93,13 +102,15 @@ def test_vendor_guide_names_every_method_in_its_part():
 
 
 # ------------------------------------------------------------------ every method has a caller
-def attribute_uses(roots: list[pathlib.Path], names: set[str]) -> dict[str, list[str]]:
+def attribute_uses(roots: list[pathlib.Path], names: set[str], skip: pathlib.Path | None = None) -> dict[str, list[str]]:
     """``name -> ["path:line", ...]`` of every attribute read or call ``x.name`` under ``roots``
-    (``*.py``), ignoring uses inside a function of the same name (a driver's
+    (``*.py``, none under ``skip``), ignoring uses inside a function of the same name (a driver's
     ``copy_to_device`` delegating to a base's ``copy_to_device`` is not a caller)."""
     uses: dict[str, list[str]] = {n: [] for n in names}
     for root in roots:
         for path in sorted(root.rglob("*.py")):
+            if skip is not None and skip in path.parents:
+                continue
             tree = ast.parse(path.read_text(), str(path))
 
             def visit(node: ast.AST, inside: str | None) -> None:
@@ -118,11 +129,18 @@ def uncalled(roots: list[pathlib.Path], names: set[str]) -> list[str]:
     return sorted(n for n, where in attribute_uses(roots, names).items() if not where)
 
 
-def test_every_backend_method_has_a_caller_outside_tests():
+def callers_outside_the_kit(names: set[str]) -> dict[str, list[str]]:
+    """``name -> ["path:line", ...]`` of uses in ``core/`` and in ``omni_backends/`` outside its kit
+    (the driver selection, placement, probing and the drivers' own shared code)."""
+    return attribute_uses([ROOT / "core", ROOT / "omni_backends"], names, skip=KIT)
+
+
+def test_every_backend_method_has_a_caller_in_the_core_or_the_selection():
     names = set(public_methods())
-    missing = uncalled([ROOT / r for r in CALLER_ROOTS], names)
-    assert missing == [], (f"Backend method(s) {missing} have no caller in {', '.join(CALLER_ROOTS)}/ (tests do not "
-                           "count): delete them, or call them from the core, the selection or the kit")
+    missing = sorted(n for n, where in callers_outside_the_kit(names).items() if not where)
+    assert missing == [], (f"Backend method(s) {missing} have no caller in core/ or in omni_backends/ outside its kit "
+                           "(the kit and tests do not count): delete them, move them to the kit's KitOps, or call "
+                           "them from the core or the selection")
 
 
 def test_the_caller_scan_names_a_method_nobody_calls(tmp_path):
@@ -141,15 +159,22 @@ def test_the_caller_scan_names_a_method_nobody_calls(tmp_path):
     assert uncalled([pkg], {"device", "to_host", "clear_graphs"}) == ["clear_graphs"]
 
 
-def test_kit_operations_are_used_by_the_kit_and_the_required_ones_by_the_core_or_selection():
-    """The parts mean what they say: a required method is called from core/ or from this
-    package outside its kit; every kit operation is exercised by the kit's suite."""
-    parts = contract_parts()
-    core_and_selection = attribute_uses([ROOT / "core", ROOT / "omni_backends"], set(parts["required"]))
-    for name, where in core_and_selection.items():
-        assert [w for w in where if not w.startswith("omni_backends/testing/")], f"required {name} has only kit callers"
-    kit = attribute_uses([ROOT / "omni_backends" / "testing"], set(parts["kit"]))
-    assert [n for n, where in kit.items() if not where] == []
+def test_every_kit_operation_is_exercised_by_the_kit_suite():
+    uses = attribute_uses([KIT / "suite"], set(KIT_OPS))
+    assert [n for n, where in uses.items() if not where] == []
+
+
+def test_the_kit_checks_the_protocol():
+    """``check_interface`` (the kit's first test) fails a complete Backend that lacks a KitOps operation,
+    naming the contract and the operation."""
+    from omni_backends.cpu.driver import CpuBackend
+    from omni_backends.testing.kit import ContractViolation, check_interface
+
+    lacking = type("NoBuffers", (CpuBackend,), {"make_buffer": None})
+    assert missing_kit_ops(lacking) == ["make_buffer"]
+    with pytest.raises(ContractViolation, match=r"conformance contract 'kit-ops' broken: .*make_buffer"):
+        check_interface(lacking)
+    check_interface(CpuBackend)
 
 
 # ------------------------------------------------------------------ one forward_context signature
@@ -171,6 +196,13 @@ def _drivers() -> list[type]:
 
 def _shape(fn) -> list[tuple[str, object, object]]:
     return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+@pytest.mark.parametrize("cls", [c for c in _drivers() if c is not VllmUpstreamBackend], ids=lambda c: c.__name__)
+def test_every_driver_implements_the_kit_protocol(cls):
+    assert missing_kit_ops(cls) == []
+    check_kit_ops(cls)
+    assert cls.new_event is not Backend.new_event, f"{cls.__qualname__} declares no new_event of its own"
 
 
 @pytest.mark.parametrize("cls", _drivers(), ids=lambda c: c.__name__)
@@ -225,17 +257,21 @@ def test_old_mixin_names_are_deprecated_aliases():
 
 
 def test_a_driver_that_writes_only_the_required_part_runs_the_core_contract():
-    """Kit operations are optional: a class with the required methods instantiates;
-    a kit operation it lacks raises NotImplementedError naming itself."""
+    """The kit's operations are not the core's: a class with the required methods instantiates, is no
+    KitOps, and declares no events, so the core synchronizes instead of calling ``new_event``."""
+    from omni_backends.backend import Capabilities
+    from omni_backends.errors import OmniBackendError
+
     namespace = {n: (classmethod(lambda cls: None) if n == "probe" else (lambda self, *a, **k: None))
                  for n in contract_parts()["required"]}
     namespace.update(name="bare", device_type="cpu", dist_backend="gloo", visible_devices_env=None, priority=0,
                      vllm_device_type="cpu")
     bare = type("Bare", (Backend,), namespace)()
-    with pytest.raises(NotImplementedError, match=r"driver 'bare' does not implement Backend\.new_event, an optional "
-                                                  r"kit operation"):
+    assert not isinstance(bare, KitOps)
+    assert missing_kit_ops(type(bare)) == list(KIT_OPS)
+    assert Capabilities().events is False
+    with pytest.raises(OmniBackendError, match=r"driver 'bare' has no device events"):
         bare.new_event()
-    assert bare.is_device_tensor(__import__("torch").zeros(1))  # a kit operation with a generic default
 
 
 def test_deprecated_capability_is_accepted_and_ignored():

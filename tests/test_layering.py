@@ -106,7 +106,7 @@ def device_names_in(path: pathlib.Path) -> list[str]:
         if isinstance(node, ast.Attribute) and node.attr in DEVICE_ATTRS:
             found.append(f"{where(path, node)}: device attribute .{node.attr} ({ast.unparse(node)})")
         elif isinstance(node, ast.Attribute) and node.attr in DEVICE_TESTS:
-            found.append(f"{where(path, node)}: device test .{node.attr}; use Backend.is_device_tensor")
+            found.append(f"{where(path, node)}: device test .{node.attr}; compare tensor.device.type with Backend.device_type")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
             m = DEVICE_WORD.search(node.value)
             if m:
@@ -281,7 +281,7 @@ def test_scanner_reports_each_offence_with_file_and_line(tmp_path, source, scann
 
 def test_device_scanner_says_what_to_use_instead(tmp_path):
     found, _ = _scan(tmp_path, BAD_CORE, device_names_in)
-    assert any("is_cuda" in p and "Backend.is_device_tensor" in p for p in found)
+    assert any("is_cuda" in p and "Backend.device_type" in p for p in found)
 
 
 # -------------------------------------------- what importing really loads

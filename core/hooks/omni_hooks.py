@@ -462,7 +462,8 @@ class OmniHooks:
 
     def _record_fence(self) -> Callable[[], Any]:
         """What to wait on before reading this step's in-flight copies: an event recorded now on the
-        current stream (``Backend.new_event``), or a device synchronize where the driver has no events.
+        current stream (``Backend.new_event``), or a device synchronize where the driver declares no events
+        (``Capabilities.events``).
 
         The events are made once, :data:`FENCE_EVENTS` of them, and recorded in turn (an event per step cost a
         device lookup and a driver call every step). A step's fence is waited for within the next step or two
@@ -470,10 +471,8 @@ class OmniHooks:
         wait covers the later record too: it waits longer, never too little (one stream, in order)."""
         events = self._fences
         if events is None:
-            try:
-                events = [self.backend.new_event() for _ in range(FENCE_EVENTS)]
-            except NotImplementedError:
-                events = []
+            backend = self.backend
+            events = [backend.new_event() for _ in range(FENCE_EVENTS)] if backend.capabilities().events else []
             self._fences = events
         if not events:
             return self.backend.synchronize

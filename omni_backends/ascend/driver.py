@@ -407,6 +407,7 @@ class AscendBackend(TorchAcceleratorBackend):
             v1_runner=True,
             v2_runner=self.v2_runner_supported(),
             talker_mtp_graph=True,
+            events=True,  # torch.Event
         )
 
     @classmethod

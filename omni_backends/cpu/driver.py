@@ -12,9 +12,10 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, ContextManager
+import contextlib
+from typing import Any, ClassVar, ContextManager, Iterator
 
-from omni_backends.backend import Capabilities, ProbeResult, ProbeState, Verification, null_stream_context
+from omni_backends.backend import Capabilities, ProbeResult, ProbeState, Verification
 from omni_backends.binding import VendorSymbol
 from omni_backends.errors import OmniBackendError
 from omni_backends.probing import module_findable, version_mismatches, versions_of
@@ -42,6 +43,7 @@ _CAPABILITIES = Capabilities(
     v1_runner=True,
     v2_runner=False,  # vLLM's V2 runner needs a Triton CPU backend (not on PyPI)
     talker_mtp_graph=False,
+    events=True,  # _CpuEvent: CPU work is complete when issued
 )
 
 
@@ -84,6 +86,12 @@ class _CpuEvent:
         if not (self.enable_timing and self._t is not None and end._t is not None):
             raise RuntimeError("elapsed_time needs two recorded events created with enable_timing=True")
         return (end._t - self._t) * 1000.0
+
+
+@contextlib.contextmanager
+def _null_stream_context(stream: Any) -> Iterator[Any]:
+    """A stream context for a device without streams: nothing to switch."""
+    yield stream
 
 
 class CpuBackend(VllmUpstreamBackend):
@@ -153,7 +161,7 @@ class CpuBackend(VllmUpstreamBackend):
         return _NoStream()
 
     def stream_context(self, stream: Any) -> ContextManager[Any]:
-        return null_stream_context(stream)
+        return _null_stream_context(stream)
 
     def new_event(self, enable_timing: bool = False) -> Any:
         return _CpuEvent(enable_timing)

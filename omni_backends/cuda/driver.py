@@ -194,6 +194,7 @@ class CudaBackend(TorchAcceleratorBackend, VllmUpstreamBackend):
             v1_runner=True,
             v2_runner=True,  # vLLM 0.26-0.33 on CUDA default to the V2 model runner
             talker_mtp_graph=True,
+            events=True,  # torch.Event
         )
 
     # ------------------------------------------------- torch graph primitive

@@ -17,11 +17,13 @@ import inspect
 from typing import Any
 
 from omni_backends.backend import INTERFACE_VERSION, Backend, ProbeResult
+from omni_backends.testing.kit_ops import missing_kit_ops
 
 #: contract name -> what the driver promises (quoted in every failure message).
 CONTRACTS: dict[str, str] = {
     "interface-completeness": "every abstract method of Backend is implemented and every identity attribute is set",
     "interface-version": f"Backend.interface_versions contains this kit's INTERFACE_VERSION ({INTERFACE_VERSION})",
+    "kit-ops": "the driver implements every device operation of omni_backends.testing.kit_ops.KitOps",
     "probe": "probe() never raises and returns a ProbeResult",
     "device-ops": "device(), set_device(), device_count(), synchronize(), memory_info(), empty_cache() behave as documented",
     "streams-events": "work recorded on a side stream is visible after waiting on an event recorded after it",
@@ -73,7 +75,8 @@ def missing_identity(cls: type) -> list[str]:
 
 
 def check_interface(cls: type) -> None:
-    """Raise :class:`ContractViolation` if ``cls`` is not a complete Backend of this interface version."""
+    """Raise :class:`ContractViolation` if ``cls`` is not a complete Backend of this interface version
+    implementing the kit's :class:`~omni_backends.testing.kit_ops.KitOps`."""
     expect(
         isinstance(cls, type) and issubclass(cls, Backend),
         "interface-completeness",
@@ -98,6 +101,7 @@ def check_interface(cls: type) -> None:
         "interface-version",
         f"driver declares interface_versions={list(getattr(cls, 'interface_versions', ()))}",
     )
+    check_kit_ops(cls)
     for name in sorted(Backend.__abstractmethods__):
         ours, theirs = inspect.signature(getattr(Backend, name)), inspect.signature(getattr(cls, name))
         required = [
@@ -110,6 +114,18 @@ def check_interface(cls: type) -> None:
             "interface-completeness",
             f"{cls.__qualname__}.{name} requires parameter(s) {required} that Backend.{name}{ours} does not pass",
         )
+
+
+def check_kit_ops(cls: type) -> None:
+    """Raise :class:`ContractViolation` (contract ``kit-ops``) naming every operation of the kit's
+    :class:`~omni_backends.testing.kit_ops.KitOps` that driver class ``cls`` lacks. (Whether a driver
+    declaring ``Capabilities.events`` writes ``new_event`` needs an instance: the suite's interface tests
+    check it.)"""
+    missing = missing_kit_ops(cls)
+    expect(not missing, "kit-ops",
+           f"driver class {cls.__module__}.{cls.__qualname__} does not implement {', '.join(missing)} of "
+           "omni_backends.testing.kit_ops.KitOps; implement them (or build on TorchAcceleratorBackend / "
+           "VllmUpstreamBackend), see docs/vendor-guide.md")
 
 
 @dataclasses.dataclass
@@ -246,6 +262,7 @@ __all__ = [
     "DriverUnderTest",
     "IDENTITY_ATTRIBUTES",
     "check_interface",
+    "check_kit_ops",
     "expect",
     "load_driver",
     "missing_identity",

@@ -261,6 +261,7 @@ class XpuBackend(TorchAcceleratorBackend, VllmUpstreamBackend):
             v1_runner=True,
             v2_runner=True,
             talker_mtp_graph=graphs,
+            events=True,  # torch.Event
         )
 
     # ------------------------------------------------- torch graph primitive

@@ -652,9 +652,11 @@ def test_finished_requests_keep_a_bounded_record_of_their_talker_mtp_calls(cpu_b
 def test_step_fences_reuse_a_few_events_in_turn_and_a_driver_without_events_synchronizes():
     """The hooks fence each step's device-to-host copies with an event: made once (``FENCE_EVENTS`` of
     them) and recorded in turn, not one new event per step; a step's wait is the event it recorded. A driver
-    without events (``new_event`` raises ``NotImplementedError``) gets ``Backend.synchronize``, asked once."""
+    that declares no events (``Capabilities.events`` False) gets ``Backend.synchronize``; its ``new_event`` is
+    never called and its capabilities are read once."""
     from core.hooks import OmniHooks
     from core.hooks.omni_hooks import FENCE_EVENTS
+    from omni_backends.backend import Capabilities
 
     class Event:
         def __init__(self) -> None:
@@ -669,6 +671,11 @@ def test_step_fences_reuse_a_few_events_in_turn_and_a_driver_without_events_sync
     class Backend:
         made: list = []
         asked = 0
+        caps = Capabilities(events=True)
+
+        def capabilities(self) -> Capabilities:
+            self.asked += 1
+            return self.caps
 
         def new_event(self, enable_timing: bool = False) -> Event:
             self.made.append(Event())
@@ -685,9 +692,10 @@ def test_step_fences_reuse_a_few_events_in_turn_and_a_driver_without_events_sync
     assert [e.records for e in backend.made] == [4] + [3] * (FENCE_EVENTS - 1)
 
     class NoEvents(Backend):
+        caps = Capabilities(events=False)
+
         def new_event(self, enable_timing: bool = False) -> Event:
-            self.asked += 1
-            raise NotImplementedError
+            raise AssertionError("new_event called on a driver that declares no events")
 
     bare = NoEvents()
     hooks = OmniHooks(bare, "ar")

@@ -7,7 +7,7 @@ included, and every random row whose ``top_k`` / ``top_p`` keep one token
 token reaches), which is the greedy token with ties towards the lowest id, on
 tied maxima too. vLLM's own ``vllm.v1.sample.ops.topk_topp_sampler.TopKTopPSampler``
 keeps every token tied at the boundary and draws among them, so a driver on it
-installs the rule (``Backend.make_sampler`` / ``Backend.prepare_sampler``,
+installs the rule (``KitOps.make_sampler`` / ``Backend.prepare_sampler``,
 ``omni_backends.vllm_upstream.install_one_token_greedy``); a driver that does
 not fails :func:`check_one_token_ties`. Where the boundary falls inside a group
 of tied logits and more than one token is kept, the driver may return any token

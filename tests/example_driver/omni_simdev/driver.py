@@ -105,6 +105,7 @@ class SimDevBackend(VllmUpstreamBackend):
             v1_runner=True,
             v2_runner=False,
             talker_mtp_graph=True,
+            events=True,  # SimEvent
         )
 
     # ----------------------------------------------------------- device ops
