@@ -42,7 +42,6 @@ import abc
 import contextlib
 import dataclasses
 import enum
-import warnings
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Mapping
 
 from omni_backends.device_lists import parse_generic
@@ -137,9 +136,6 @@ class Capabilities:
       where this is False.
     - ``v1_runner`` / ``v2_runner``: vLLM's V1 / V2 model runner can run.
     - ``talker_mtp_graph``: the talker MTP head may be graph-captured.
-
-    ``device_sync_after_replay_safe`` (no caller read it) is still accepted for
-    one release, with a ``DeprecationWarning``, and ignored.
     """
 
     static_graph_modes: tuple[str, ...] = ()
@@ -150,12 +146,6 @@ class Capabilities:
     v2_runner: bool = False
     talker_mtp_graph: bool = False
     events: bool = False
-    device_sync_after_replay_safe: dataclasses.InitVar[bool | None] = None
-
-    def __post_init__(self, device_sync_after_replay_safe: bool | None) -> None:
-        if device_sync_after_replay_safe is not None:
-            warnings.warn("Capabilities(device_sync_after_replay_safe=...) is deprecated and ignored: nothing reads it; "
-                          "it will be removed in the next release", DeprecationWarning, stacklevel=3)
 
     @property
     def static_graphs(self) -> bool:
@@ -381,7 +371,7 @@ class Backend(abc.ABC):
         ``vllm.v1.sample.sampler.Sampler`` / ``AscendSampler``) the driver's
         sampling rules, in place, and return it; the omni V1 runner calls this
         once after vLLM's ``__init__``. The rules are the reference sampler's
-        (:mod:`omni_backends.reference_sampler`): a random row whose ``top_k`` /
+        (:mod:`omni_backends.testing.reference_sampler`): a random row whose ``top_k`` /
         ``top_p`` keep one token returns the greedy token, ties towards the
         lowest token id (``omni_backends.vllm_upstream.install_one_token_greedy``
         adds this to vLLM's ``TopKTopPSampler``). Default: ``sampler`` unchanged."""

@@ -29,8 +29,7 @@ A driver without a variable (``cpu``) has one device that every rank shares.
 from __future__ import annotations
 
 import dataclasses
-import warnings
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from omni_backends.backend import Backend
 from omni_backends.errors import PlacementError
@@ -233,28 +232,6 @@ def distributed_backend_in_use() -> str | None:
     if not (dist.is_available() and dist.is_initialized()):
         return None
     return str(dist.get_backend())
-
-
-def _deprecated_parsers() -> Mapping[str, Callable[[str, str, Mapping[str, str], int | None], tuple[str, ...]]]:
-    """The pre-issue-23 ``PARSERS`` table (variable -> ``parse(variable, value, env, device_count)``), now
-    answered by each in-tree driver's :meth:`~omni_backends.backend.Backend.parse_visible_devices`."""
-    from omni_backends.ascend.driver import AscendBackend
-    from omni_backends.cuda.driver import CudaBackend
-    from omni_backends.xpu.driver import XpuBackend
-
-    def parser(cls: type[Backend]) -> Callable[[str, str, Mapping[str, str], int | None], tuple[str, ...]]:
-        return lambda variable, value, env, device_count: cls.parse_visible_devices(value, env, device_count)
-
-    return {str(cls.visible_devices_env): parser(cls) for cls in (CudaBackend, AscendBackend, XpuBackend)}
-
-
-def __getattr__(name: str) -> Any:
-    if name == "PARSERS":
-        warnings.warn("omni_backends.placement.PARSERS is deprecated: each driver parses its own variable "
-                      "(Backend.parse_visible_devices); it will be removed in the next release",
-                      DeprecationWarning, stacklevel=2)
-        return _deprecated_parsers()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

@@ -16,7 +16,6 @@ Nothing here rebinds an attribute of ``torch``.
 from __future__ import annotations
 
 import contextlib
-import warnings
 from typing import Any, ContextManager, Iterator
 
 from omni_backends.backend import Backend
@@ -371,25 +370,3 @@ def copy_host_to_device_blocking(buffer: Any, n: int | None = None) -> Any:
     dst = buffer.gpu if n is None else buffer.gpu[:n]
     dst.copy_(src, non_blocking=False)
     return dst
-
-
-def __getattr__(name: str) -> Any:
-    if name == "TorchAcceleratorOps":
-        warnings.warn("omni_backends.torch_device.TorchAcceleratorOps is deprecated: subclass TorchAcceleratorBackend "
-                      "(a Backend) instead; the alias will be removed in the next release",
-                      DeprecationWarning, stacklevel=2)
-        return TorchAcceleratorBackend
-    if name in ("StaticGraph", "StaleGraphInputError"):  # a benchmark helper, not used by the core or the kit
-        warnings.warn(f"omni_backends.torch_device.{name} moved to bench/static_graph.py (a benchmark helper); the "
-                      "alias will be removed in the next release", DeprecationWarning, stacklevel=2)
-        import importlib.util
-        import os
-
-        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "static_graph.py")
-        spec = importlib.util.spec_from_file_location("bench_static_graph", path)
-        if spec is None or spec.loader is None or not os.path.isfile(path):
-            raise AttributeError(f"{name} moved to bench/static_graph.py, which is not installed with the package")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return getattr(mod, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import warnings
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 from omni_backends.backend import Backend
@@ -177,19 +176,10 @@ class VllmUpstreamBackend(GenericKitOps, Backend):
         return COMMON_ATTN_METADATA.resolve()
 
 
-def __getattr__(name: str) -> Any:
-    if name == "VllmUpstreamBindings":
-        warnings.warn("omni_backends.vllm_upstream.VllmUpstreamBindings is deprecated: subclass VllmUpstreamBackend "
-                      "(a Backend) instead; the alias will be removed in the next release",
-                      DeprecationWarning, stacklevel=2)
-        return VllmUpstreamBackend
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # ------------------------------------------------------------------ the one-token sampling rule
 def one_token_rows(logits: Any, k: Any, p: Any) -> Any:
     """Rows whose top-k / top-p keep exactly one token by the reference sampler's
-    rules (:mod:`omni_backends.reference_sampler`): ``k == 1``, or the top token's
+    rules (:mod:`omni_backends.testing.reference_sampler`): ``k == 1``, or the top token's
     probability after top-k (renormalised over the first ``k`` ranks) is ``>= p``.
 
     ``logits``: float ``[num_rows, vocab]`` as ``TopKTopPSampler`` receives them

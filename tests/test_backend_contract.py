@@ -246,16 +246,6 @@ def test_no_type_ignore_left_for_the_shared_bases():
         assert "type: ignore" not in text, module
 
 
-def test_old_mixin_names_are_deprecated_aliases():
-    import omni_backends.torch_device as torch_device
-    import omni_backends.vllm_upstream as vllm_upstream
-
-    with pytest.deprecated_call():
-        assert torch_device.TorchAcceleratorOps is TorchAcceleratorBackend
-    with pytest.deprecated_call():
-        assert vllm_upstream.VllmUpstreamBindings is VllmUpstreamBackend
-
-
 def test_a_driver_that_writes_only_the_required_part_runs_the_core_contract():
     """The kit's operations are not the core's: a class with the required methods instantiates, is no
     KitOps, and declares no events, so the core synchronizes instead of calling ``new_event``."""
@@ -272,12 +262,3 @@ def test_a_driver_that_writes_only_the_required_part_runs_the_core_contract():
     assert Capabilities().events is False
     with pytest.raises(OmniBackendError, match=r"driver 'bare' has no device events"):
         bare.new_event()
-
-
-def test_deprecated_capability_is_accepted_and_ignored():
-    from omni_backends.backend import Capabilities
-
-    with pytest.deprecated_call():
-        caps = Capabilities(device_sync_after_replay_safe=False)
-    assert "device_sync_after_replay_safe" not in caps.to_json()
-    assert caps == Capabilities()

@@ -328,9 +328,7 @@ def test_each_driver_parses_its_own_variable():
     assert CudaBackend.child_env_for_device("1", {HIER: "COMPOSITE"}) == {CUDA: "1"}
     assert CpuBackend.child_env_for_device("0", {}) == {}
     assert not [n for n in vars(placement) if n.startswith("_parse")]
-    with pytest.deprecated_call():
-        parsers = placement.PARSERS  # one release of deprecation for the old table
-    assert parsers[CUDA](CUDA, "1,0", {}, None) == ("1", "0")
+    assert not hasattr(placement, "PARSERS")
 
 
 def test_placement_and_backend_import_one_way():

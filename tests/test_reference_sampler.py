@@ -111,18 +111,3 @@ def test_bad_arguments_raise(backend):
         rs.greedy(torch.full((1, 4), float("nan")))
     with pytest.raises(ValueError, match=r"\[num_reqs, vocab\]"):
         rs.greedy(torch.randn(4))
-
-
-def test_the_old_import_path_is_a_deprecated_alias():
-    """``omni_backends.reference_sampler`` (the path before the oracle moved into the kit's package) still
-    works for one release: each name read there warns and is the new module's object."""
-    import importlib
-
-    old = importlib.import_module("omni_backends.reference_sampler")
-    with pytest.warns(DeprecationWarning, match=r"import omni_backends\.testing\.reference_sampler"):
-        assert old.sample is rs.sample
-    with pytest.warns(DeprecationWarning):
-        assert old.SAMPLING_EPS == rs.SAMPLING_EPS
-    assert "greedy" in dir(old)
-    with pytest.raises(AttributeError):
-        old.no_such_name  # noqa: B018

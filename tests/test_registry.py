@@ -548,19 +548,12 @@ PROBING_NAMES = ("dist_version versions_of version_mismatches module_findable de
                  "apply_hidden_vendor_packages hide_broken_vendor_packages").split()
 
 
-def test_the_old_import_paths_keep_every_public_name():
-    import warnings
-
+def test_the_package_keeps_every_public_name():
     from omni_backends import probing, registry
 
     assert [n for n in REGISTRY_NAMES if not hasattr(registry, n)] == []
     assert [n for n in PROBING_NAMES if not hasattr(probing, n)] == []
     assert registry.select is __import__("omni_backends").select
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        from omni_backends.entry_points import driver_records
-    assert driver_records is registry.metadata.driver_records
-    assert [w.category for w in caught] == [DeprecationWarning] and "registry.metadata" in str(caught[0].message)
 
 
 def test_export_puts_the_hide_site_shim_first_on_pythonpath(monkeypatch):

@@ -95,7 +95,7 @@ def nvidia_gpu_count() -> tuple[int, str]:
 CUDA_DEVICE_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+(/\d+/\d+)?$")
 
 
-#: vLLM releases the driver (and the core's seams, ``core.model_state``) supports: 0.26 (torch 2.11, the newest
+#: vLLM releases the driver (and the core's seams, ``core.seams``) supports: 0.26 (torch 2.11, the newest
 #: vLLM built for it; what runs on the lent H200) through 0.33 (torch 2.14). Keep in step with the ``[cuda]`` extra.
 VLLM_WINDOW = ">=0.26,<0.34"
 #: torch releases those vLLM builds pin: 2.11 (0.26), 2.13 (0.27-0.32), 2.14 (0.33).

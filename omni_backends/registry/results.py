@@ -34,7 +34,7 @@ class DriverEntry:
     load_traceback: str | None = None
     duplicate_of: list[str] = dataclasses.field(default_factory=list)
     incompatible: str | None = None
-    #: the distribution's metadata records on sys.path disagree (see omni_backends.entry_points)
+    #: the distribution's metadata records on sys.path disagree (see omni_backends.registry.metadata)
     conflict: str | None = None
 
     @property
