@@ -591,6 +591,8 @@ def combine(results: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from record import NESTED, write_record
+
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     if not args.both_orders:
@@ -606,6 +608,7 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump({**res, "argv": argv}, f, indent=2)
             with open(os.path.join(args.out, "bench_core_runner.md"), "w") as f:
                 f.write(text + ("\n\n```\n" + res["profile"] + "```\n" if res["profile"] else "\n"))
+        write_record(__file__, res, device=args.device, argv=argv)
         return 0
     # one child process per creation order (vLLM engines are per process)
     order = args.create_order.split(",")
@@ -615,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, o in enumerate((order, order[::-1])):
             out = os.path.join(d, str(i))
             cmd = [sys.executable, os.path.abspath(__file__), *child_argv, "--create-order", ",".join(o), "--out", out]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, NESTED: "1"})
             if proc.returncode != 0:
                 sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
                 return proc.returncode
@@ -635,6 +638,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump({"runs": results, "combined": comb, "argv": argv}, f, indent=2)
         with open(os.path.join(args.out, "bench_core_runner.md"), "w") as f:
             f.write(text + "\n")
+    write_record(__file__, {"runs": results, "combined": comb}, device=args.device, argv=argv)
     return 0
 
 

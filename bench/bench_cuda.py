@@ -236,6 +236,10 @@ def main(argv=None):
             json.dump({"env": env, "graph": graph, "copies": copies, "event_record_us": events}, f, indent=1)
         with open(os.path.join(args.out, "bench_cuda.md"), "w") as f:
             f.write(text + "\n")
+    from record import write_record
+
+    write_record(__file__, {"env": env, "graph": graph, "copies": copies, "event_record_us": events}, device="cuda",
+                 argv=argv)
     return 0
 
 

@@ -225,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(res, f, indent=2)
         with open(os.path.join(args.out, "bench_devices.md"), "w") as f:
             f.write(text + "\n")
+    from record import write_record
+
+    write_record(__file__, res, device=res["warm"]["selected"], argv=argv)
     return 1 if args.check_goal and not met else 0
 
 

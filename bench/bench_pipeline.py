@@ -143,6 +143,9 @@ def main() -> None:
         "runs": runs,
     }
     print(json.dumps(report, indent=2))
+    from record import write_record
+
+    write_record(__file__, report, device=a.device)
 
 
 if __name__ == "__main__":

@@ -627,6 +627,9 @@ def main(argv: list[str] | None = None) -> int:
             json.dump({**res, "argv": sys.argv[1:] if argv is None else argv}, f, indent=2)
         with open(os.path.join(args.out, "bench_qwen3_tts.md"), "w") as f:
             f.write(text + "\n")
+    from record import write_record
+
+    write_record(__file__, res, device=args.device, argv=argv)
     return 0 if _finite(res["rows"]) else 1
 
 

@@ -180,6 +180,9 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
+    from record import write_record
+
+    write_record(__file__, report, device=args.device)
     return 0 if all(r["ok"] == r["requests"] for r in rows) else 1
 
 

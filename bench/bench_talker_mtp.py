@@ -199,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
             json.dump({"info": info, "rows": rows}, f, indent=2)
         with open(os.path.join(args.out, "bench_talker_mtp.md"), "w") as f:
             f.write(text + "\n")
+    from record import write_record
+
+    write_record(__file__, {"info": info, "rows": rows}, device=backend.name, argv=argv)
     return 0 if all(r["same_codes"] is not False for r in rows) else 1
 
 

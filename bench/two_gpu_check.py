@@ -226,6 +226,9 @@ def parent(args: argparse.Namespace) -> int:
             json.dump(report, f, indent=1)
         with open(os.path.join(args.out, "two_gpu_check.md"), "w") as f:
             f.write(md)
+    from record import write_record
+
+    write_record(__file__, report, device="cuda")
     return 0 if report["ok"] else 1
 
 

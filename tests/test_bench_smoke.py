@@ -17,12 +17,18 @@ range-check theirs (``--rounds 0`` ends in ``StatisticsError`` after the engines
 ``bench_qwen3_tts.py`` has a second row, ``--engines async`` (two ``AsyncLLM``, engine cores spawned), which
 runs once ``core.stage.make_async_engine`` is in the tree and is skipped, saying so, before.
 
+Every script writes one JSON record of its run (``bench/record.py``: command, commit, date, device, figures); the
+smoke points ``BENCH_RESULTS_DIR`` at each run's temporary folder and checks the record holds the script's figures,
+and that bad input writes none. :func:`test_every_bench_script_writes_a_record` checks the GPU-only scripts by their
+source; the record helper itself is tested without engines (the ``test_record_*`` tests, a second each).
+
 A new script in ``bench/`` must get a row here (or a line in :data:`GPU_ONLY`, the scripts that need CUDA):
 :func:`test_every_bench_script_has_a_row` fails otherwise.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import math
@@ -38,7 +44,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 TIMEOUT_S = 600
 #: bench/ modules that are helpers, not benchmark scripts
-HELPERS = {"static_graph.py", "arg_checks.py"}
+HELPERS = {"static_graph.py", "arg_checks.py", "record.py"}
 #: bench scripts without a row yet, and why (each one a gap to close, listed so it is seen)
 NOT_YET_SMOKED = {"bench_serve.py": "starts a server (~85 s of engine start on cpu) and prints Markdown before "
                                     "its JSON; its row is still to write"}
@@ -176,8 +182,9 @@ def bench_runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixture
             out.mkdir()
             log = base / f"{b.id}.stderr"
             args = [sys.executable, str(BENCH / b.script), *b.args] + (["--out", str(out)] if b.json_file else [])
+            env = {**_env(), "BENCH_RESULTS_DIR": str(out / "results")}
             with open(log, "w") as err, open(out / "stdout.txt", "w") as so:
-                procs[b.id] = (subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=so, stderr=err, text=True),
+                procs[b.id] = (subprocess.Popen(args, cwd=ROOT, env=env, stdout=so, stderr=err, text=True),
                                    out, log)
 
     def run(name: str):
@@ -224,6 +231,15 @@ def test_bench_script_runs_and_writes_its_json(bench: Bench, bench_runs) -> None
     for what, get in bench.figures:
         value = get(data)
         assert isinstance(value, (int, float)) and value > 0, f"{bench.script}: {what} is {value!r}"
+    records = sorted((out / "results").glob("*.json"))
+    assert len(records) == 1, f"{bench.script}: {len(records)} records under BENCH_RESULTS_DIR, one expected"
+    record = json.loads(records[0].read_text())
+    assert record["script"] == f"bench/{bench.script}" and record["device"] == "cpu", record
+    assert record["command"].startswith(f"python bench/{bench.script} {' '.join(bench.args)}"), record["command"]
+    assert records[0].name.startswith(bench.script.removesuffix(".py") + "-")
+    _check_record_provenance(record)
+    for what, get in bench.figures:
+        assert get(record["figures"]) == get(data), f"{bench.script}: the record's {what} is not the script's"
 
 
 @pytest.mark.parametrize("script,args,option", BAD_INPUT, ids=[f"{s}{' '.join(a)}" for s, a, _ in BAD_INPUT])
@@ -232,10 +248,76 @@ def test_bad_bench_option_is_one_clear_error_before_any_engine(script: str, args
     out = tmp_path / "out"
     out_option = OUTPUT_OPTION.get(script, "--out")
     where = (out_option, str(out)) if out_option else ()
-    p = subprocess.run([sys.executable, str(BENCH / script), *args, *where], cwd=ROOT, env=_env(),
-                       capture_output=True, text=True, timeout=120)
+    records = tmp_path / "results"
+    p = subprocess.run([sys.executable, str(BENCH / script), *args, *where], cwd=ROOT,
+                       env={**_env(), "BENCH_RESULTS_DIR": str(records)}, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, f"{script} {' '.join(args)} exited {p.returncode}:\n{p.stderr[-3000:]}"
     last = p.stderr.strip().splitlines()[-1]
     assert "error:" in last and option in last, last
     assert "Traceback" not in p.stderr
-    assert not out.exists()  # nothing written: it stopped before measuring
+    assert not out.exists() and not records.exists()  # nothing written: it stopped before measuring
+
+
+# ------------------------------------------------------------------ the record every script writes (no engines)
+def _git_head() -> str | None:
+    p = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return p.stdout.strip() if p.returncode == 0 and not (ROOT / ".git-head").exists() else None
+
+
+def _check_record_provenance(record: dict[str, Any]) -> None:
+    import datetime
+
+    assert record["record"] == 1 and set(record) >= {"command", "commit", "dirty", "date", "device", "machine",
+                                                     "figures"}, sorted(record)
+    head = _git_head()
+    if head is not None:
+        assert record["commit"] == head, (record["commit"], head)
+    datetime.datetime.strptime(record["date"], "%Y-%m-%dT%H:%M:%SZ")
+    assert record["machine"]["host"] and record["machine"]["cpus"], record["machine"]
+
+
+def test_every_bench_script_writes_a_record() -> None:
+    """Every script, the GPU-only ones too, calls ``record.write_record`` (read from its source: they cannot run
+    here)."""
+    missing = []
+    for path in sorted(BENCH.glob("*.py")):
+        if path.name in HELPERS:
+            continue
+        calls = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)
+                 and getattr(n.func, "id", getattr(n.func, "attr", None)) == "write_record"]
+        if not calls:
+            missing.append(path.name)
+    assert not missing, f"bench scripts that write no bench/results record (bench/record.py): {missing}"
+
+
+@pytest.fixture
+def record_module(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import record
+
+    monkeypatch.setenv(record.DIR_ENV, str(tmp_path / "results"))
+    monkeypatch.delenv(record.NESTED, raising=False)
+    return record
+
+
+def test_record_holds_command_commit_date_device_and_figures(record_module, tmp_path: pathlib.Path) -> None:
+    path = record_module.write_record(str(BENCH / "bench_devices.py"), {"a": {"b": [1.5, float("nan")]}},
+                                      device="cpu", argv=["--runs", "2", "--out", "some dir"])
+    assert path is not None and path.parent == tmp_path / "results"
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no temporary file left
+    record = json.loads(path.read_text())
+    assert record["command"] == "python bench/bench_devices.py --runs 2 --out 'some dir'"
+    assert record["figures"] == {"a": {"b": [1.5, None]}}  # NaN is no JSON: null
+    assert path.name.startswith("bench_devices-") and path.name.endswith(f"-{record['commit'] or 'nocommit'}.json")
+    _check_record_provenance(record)
+
+
+def test_record_is_not_written_by_a_nested_run_nor_half_written(record_module, tmp_path: pathlib.Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(record_module.NESTED, "1")
+    assert record_module.write_record(str(BENCH / "bench_devices.py"), {"x": 1}, device="cpu", argv=[]) is None
+    assert not (tmp_path / "results").exists()
+    monkeypatch.delenv(record_module.NESTED)
+    with pytest.raises(TypeError):
+        record_module.write_record(str(BENCH / "bench_devices.py"), {"x": object()}, device="cpu", argv=[])
+    assert list((tmp_path / "results").iterdir()) == []

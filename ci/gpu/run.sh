@@ -73,6 +73,7 @@ if [ ! -d /tmp/omni-site/vllm_omni ] && ls "$ROOT"/.whl/vllm_omni-*.whl >/dev/nu
 fi
 [ -d /tmp/omni-site/vllm_omni ] && export PYTHONPATH="$PYTHONPATH:/tmp/omni-site"
 export OMNI_BACKENDS_DEVICE=cuda
+export BENCH_RESULTS_DIR="${BENCH_RESULTS_DIR:-$OUT/bench-results}"  # each bench's JSON record (bench/record.py)
 unset OMNI_BACKENDS_SELECTION
 
 header() {  # machine, versions, date: the first lines of every log
