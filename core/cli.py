@@ -47,10 +47,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     enforce_eager=True if args.enforce_eager else None, graph_mode=args.graph_mode, runner=args.runner,
                     chunk_frames=args.chunk_frames)
     summary = run_pipeline(cfg)
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print("\n".join(run_result_lines(summary)))
+    from omni_backends.cli import print_result
+
+    print_result(json.dumps(summary, indent=2) if args.json else "\n".join(run_result_lines(summary)))
     return 0
 
 

@@ -41,10 +41,16 @@ EXIT_INTERRUPTED = 130
 
 EXIT_STATUS_HELP = """\
 exit status: 0 success; 1 this environment cannot do it (device not usable,
-no usable driver, a driver or vendor package fails to import); 2 usage error
-(bad option or value, unknown device name, bad input files); 3 a run failed
-after its engines started (nothing written); 130 interrupted.
+no usable driver, a driver or vendor package fails to import, the system
+refused: a full disk, no permission) or an unexpected error; 2 usage error
+(bad option or value, argv not valid UTF-8, unknown device name, bad input
+files); 3 a run failed after its engines started (nothing written); 130
+interrupted. A failure is one 'omni-backends: error:' line; set
+OMNI_BACKENDS_TRACEBACK=1 for the original traceback above it.
 """
+
+#: set to ``1``: every command prints the original traceback above its ``omni-backends: error:`` line
+TRACEBACK_ENV = "OMNI_BACKENDS_TRACEBACK"
 
 
 def exit_status(exc: BaseException) -> int:
@@ -55,10 +61,35 @@ def exit_status(exc: BaseException) -> int:
         return EXIT_RUN_FAILED
     if isinstance(exc, (UnknownDeviceError, BadInputError)) and not isinstance(exc, VendorImportError):
         return EXIT_USAGE
-    return EXIT_UNAVAILABLE
+    return EXIT_UNAVAILABLE  # the environment, the operating system (a full disk), or an unexpected error
 
 
-class _Parser(argparse.ArgumentParser):
+#: errnos of a file system that has no room left: what to do about it
+_NO_ROOM = {"ENOSPC", "EDQUOT", "EFBIG"}
+
+
+def error_message(exc: BaseException) -> str:
+    """The text of the one ``omni-backends: error:`` line for ``exc``: an
+    :class:`~omni_backends.errors.OmniBackendError`'s own message; an ``OSError`` as what the system refused
+    and on which file (with what to do when a disk is full); anything else as unexpected, with its type,
+    pointing at :data:`TRACEBACK_ENV`."""
+    if isinstance(exc, OmniBackendError):
+        return str(exc)
+    if isinstance(exc, OSError):
+        import errno
+
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        what = exc.strerror or str(exc) or type(exc).__name__
+        hint = ("; the file system has no room for it (full, over quota, or a file-size limit): free space or "
+                "write elsewhere (--out)" if errno.errorcode.get(exc.errno or 0) in _NO_ROOM else "")
+        return f"the operating system refused: {what}{where}{hint}"
+    if isinstance(exc, MemoryError):
+        return "out of memory in this process (MemoryError); free memory or use a smaller model"
+    return (f"unexpected {type(exc).__name__}: {exc}. This is a bug: set {TRACEBACK_ENV}=1 for the traceback "
+            "and report it")
+
+
+class CommandParser(argparse.ArgumentParser):
     """argparse with this tool's error format: ``omni-backends: error: ...`` and status 2."""
 
     def error(self, message: str) -> "NoReturn":  # type: ignore[override]
@@ -214,14 +245,31 @@ def render_devices_text(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _stdout_gone() -> None:
+    """Point stdout at /dev/null: its reader went away (``| head``); what is left to print goes nowhere and
+    the interpreter's final flush cannot fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def print_result(text: str) -> None:
+    """Print a command's result on stdout. A reader that stops reading (``| head -c 100``) is not a
+    failure: the rest is dropped, the command goes on and exits with its own status."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        _stdout_gone()
+
+
 def _cmd_devices(args: argparse.Namespace) -> int:
     from omni_backends.registry import devices_report
 
     report = devices_report(args.device)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(render_devices_text(report))
+    print_result(json.dumps(report, indent=2) if args.json else render_devices_text(report))
     sel = report["selection"]
     if sel.get("selected"):
         return EXIT_OK
@@ -276,7 +324,7 @@ def build_parser(plugins: bool = True) -> tuple[argparse.ArgumentParser, list[st
     With ``plugins`` the commands registered under ``omni_backends.commands``
     are added too (imports their modules); without, only the built-in ones.
     """
-    parser = _Parser(
+    parser = CommandParser(
         prog="omni-backends", description=DESCRIPTION, epilog=EXIT_STATUS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -296,51 +344,119 @@ def build_parser(plugins: bool = True) -> tuple[argparse.ArgumentParser, list[st
     return parser, errors
 
 
+def argv_not_utf8(argv: Sequence[str]) -> str | None:
+    """The usage error for the first argument that is not valid UTF-8 (Python hands such bytes over as lone
+    surrogates), naming its option, or None."""
+    for i, arg in enumerate(argv):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raw = os.fsencode(arg)
+            bad = arg[exc.start].encode("utf-8", "surrogateescape") if 0xDC80 <= ord(arg[exc.start]) <= 0xDCFF else b""
+            byte = f"byte 0x{bad.hex()}" if bad else f"character {arg[exc.start]!r}"
+            pos = exc.start
+            if arg.startswith("--") and "=" in arg:
+                what = f"argument {arg.split('=', 1)[0]}"
+                pos -= len(arg.split("=", 1)[0]) + 1
+            elif arg.startswith("-"):
+                what = f"option {arg.encode('utf-8', 'backslashreplace').decode()}"
+            elif i and argv[i - 1].startswith("-") and "=" not in argv[i - 1]:
+                what = f"argument {argv[i - 1]}"
+            else:
+                what = f"argument {i + 1} ({raw!r})"
+            return f"{what}: not valid UTF-8 text ({byte} at position {pos}); pass it UTF-8 encoded (check the locale)"
+    return None
+
+
+def report_failure(exc: BaseException) -> int:
+    """Print ``exc`` as one ``omni-backends: error:`` line on stderr (:func:`error_message`; the original
+    traceback above it when a driver failed to import or :data:`TRACEBACK_ENV` is ``1``); returns its exit
+    status (:func:`exit_status`). A package that raised while being imported is reported as that package's
+    failure (:func:`omni_backends.probing.vendor_import_error`), never as the symptom."""
+    from omni_backends.probing import vendor_import_error
+
+    blamed = None
+    if not isinstance(exc, (VendorImportError, DriverLoadError)) and isinstance(exc, Exception):
+        try:
+            blamed = vendor_import_error(exc)
+        except Exception:  # finding the culprit must not hide the failure
+            blamed = None
+    err = blamed or exc
+    try:
+        if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+            print("".join(traceback.format_exception(exc)).rstrip(), file=sys.stderr)
+        elif isinstance(err, DriverLoadError) and err.__cause__ is not None:
+            # the driver's own import error is what the user must fix: show where it happened
+            print("".join(traceback.format_exception(err.__cause__)).rstrip(), file=sys.stderr)
+        print(f"omni-backends: error: {error_message(err)}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # stderr itself is gone: the status still says it
+        pass
+    return exit_status(err)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed command (``args.func(args)``) and map whatever ends it to the exit-status table: its
+    return value; 130 for Ctrl-C (``omni-backends: interrupted``); a reader of stdout that went away
+    (``| head``): the rest of the output is dropped, status 0; any other failure one
+    ``omni-backends: error:`` line (:func:`report_failure`), never a traceback unless asked for
+    (:data:`TRACEBACK_ENV`)."""
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("omni-backends: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except SystemExit:
+        raise
+    except BrokenPipeError as exc:  # e.g. `omni-backends devices --json | head`: stdout's reader is gone
+        if exc.filename is None and _stdout_broken():
+            _stdout_gone()
+            return EXIT_OK
+        return report_failure(exc)
+    except BaseException as exc:  # noqa: BLE001 - every failure gets its line and status
+        return report_failure(exc)
+
+
+def _stdout_broken() -> bool:
+    """Whether stdout is a pipe whose reader went away (poll reports an error on it)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``omni-backends`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
 
     The status follows :data:`EXIT_STATUS_HELP` (:func:`exit_status`): 0 success;
-    1 the environment cannot do it; 2 usage error; 3 a run failed after its
-    engines started; 130 interrupted. An
-    :class:`~omni_backends.errors.OmniBackendError` is printed as one
-    ``omni-backends: error:`` line (after the original traceback when a driver
-    failed to import); any other exception whose cause is a package that raised
-    while being imported is reported as that package's failure
-    (:func:`omni_backends.probing.vendor_import_error`), never as the symptom.
-    A command plugin that fails to load is a warning, never fatal; built-in
-    commands (``devices``) load no command plugin at all.
+    1 the environment cannot do it (or an unexpected error); 2 usage error (an argument that is not valid
+    UTF-8 included, naming its option); 3 a run failed after its engines started; 130 interrupted. Every
+    failure is one ``omni-backends: error:`` line (:func:`run_command`); the original traceback only with
+    :data:`TRACEBACK_ENV` ``=1`` (and always above a driver's own import error). A command plugin that
+    fails to load is a warning, never fatal; built-in commands (``devices``) load no command plugin at all.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    # a built-in command (devices) must not pay for, or break on, another command's imports
-    parser, load_errors = build_parser(plugins=not (argv and argv[0] in BUILTIN_COMMANDS))
+    try:
+        # a built-in command (devices) must not pay for, or break on, another command's imports
+        parser, load_errors = build_parser(plugins=not (argv and argv[0] in BUILTIN_COMMANDS))
+    except BaseException as exc:  # noqa: BLE001 - building the parser imports the command plugins
+        if isinstance(exc, KeyboardInterrupt):
+            print("omni-backends: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        return report_failure(exc)
+    bad = argv_not_utf8(argv)
+    if bad:
+        parser.error(bad)
     args = parser.parse_args(argv)
     for e in load_errors:
         print(f"omni-backends: warning: {e}", file=sys.stderr)
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("omni-backends: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except BrokenPipeError:  # e.g. `omni-backends devices --json | head`
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_UNAVAILABLE
-    except Exception as exc:
-        from omni_backends.probing import vendor_import_error
-
-        # a package that raised while being imported is the cause, whatever symptom it produced
-        blamed = None if isinstance(exc, (VendorImportError, DriverLoadError)) else vendor_import_error(exc)
-        if blamed is None and not isinstance(exc, OmniBackendError):
-            raise
-        err = blamed or exc
-        if isinstance(err, DriverLoadError) and err.__cause__ is not None:
-            # the driver's own import error is what the user must fix: show where it happened
-            print("".join(traceback.format_exception(err.__cause__)).rstrip(), file=sys.stderr)
-        print(f"omni-backends: error: {err}", file=sys.stderr)
-        return exit_status(err)
+    return run_command(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,25 +3,20 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 
 def main(argv: list[str] | None = None) -> int:
     from core.serving.cli import add_serve_command
-    from omni_backends.cli import EXIT_INTERRUPTED, exit_status
-    from omni_backends.errors import OmniBackendError
+    from omni_backends.cli import CommandParser, argv_not_utf8, run_command
 
-    parser = argparse.ArgumentParser(prog="omni-backends")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = CommandParser(prog="omni-backends")
     add_serve_command(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
-    except OmniBackendError as exc:
-        print(f"omni-backends: error: {exc}", file=sys.stderr)
-        return exit_status(exc)
+    bad = argv_not_utf8(argv)
+    if bad:
+        parser.error(bad)
+    return run_command(parser.parse_args(["serve", *argv]))
 
 
 if __name__ == "__main__":
