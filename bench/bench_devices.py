@@ -141,7 +141,7 @@ def render(res: dict, command: str) -> str:
     lines = [
         HEADING,
         "",
-        f"Date: {res['date']} · host: {res['host']} · Python {res['python']} · CPU-only box, {os.cpu_count()} "
+        f"Date: {res['date']} · commit {res.get('commit') or 'not recorded'} · host: {res['host']} · Python {res['python']} · CPU-only box, {os.cpu_count()} "
         f"cores shared with other engineers' test runs (1-min load average {res['load_before']:.1f} before, "
         f"{res['load_after']:.1f} after), so wall times are noisy; CPU time is the steadier figure.",
         "",
@@ -210,8 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         if not lo <= value <= hi:
             ap.error(f"--{name.replace('_', '-')} must be in {lo}..{hi}, got {value}")
     res = measure(args.runs, args.warm_runs, args.stock_runs)
+    from record import commit
+
     res.update(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-               host=platform.node(), python=platform.python_version())
+               host=platform.node(), python=platform.python_version(), commit=commit()[0])
     command = "python bench/bench_devices.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = render(res, command.strip())
     print(text)
