@@ -1,6 +1,6 @@
 """Qwen3-TTS through the core: real-time factor, time to first audio, audio seconds per second.
 
-    python bench/bench_qwen3_tts.py [--size tiny|0.6b|1.7b] [--frames 48] [--chunk-frames 12]
+    python bench/bench_qwen3_tts.py [--size tiny|0.6b|1.7b] [--frames 48] [--chunk-frames 25]
                                     [--concurrency 1,8,64] [--reps 3] [--request-seeds none,per-request]
                                     [--device cpu] [--dtype float32]
                                     [--runner auto|v1|v2] [--enforce-eager] [--model-inner-compile]
@@ -9,12 +9,15 @@
 vLLM-Omni 0.30.0's own, unchanged Qwen3-TTS classes (talker ``Qwen3TTSTalkerForConditionalGeneration``,
 its code predictor as the talker MTP; ``Qwen3TTSCode2Wav``) on two engines built by the core's factory
 (``core.stage.make_engine``: omni worker + runner + scheduler + output processor on the ``--device``
-driver), over a random-weight checkpoint at the released shapes (``core.models.qwen3_tts_checkpoint``;
-written under ``--work-dir`` unless ``--model-dir`` names one; its write time is reported).
+driver), over a random-weight checkpoint in the released layout at the released shapes
+(``core.models.qwen3_tts.checkpoint_writer``; written under ``--work-dir`` unless ``--model-dir`` names one, e.g. a
+downloaded checkpoint; its write time is reported). The checkpoint is checked (``core.models.qwen3_tts.read_checkpoint``),
+each stage's engine gets what vLLM-Omni's pipeline gives it (``stage_engine_args``: the released architecture mapped
+per stage through ``hf_overrides``) and each request is built through vLLM-Omni's own functions (``talker_inputs``).
 
 Every request is a CustomVoice synthesis of the same text with a fixed output length: ``--frames`` codec
-frames (``max_tokens = frames + 1``, ``ignore_eos``; talker sampling temperature 0.9 / top-k 50 as
-vLLM-Omni's deploy config). ``--request-seeds``: ``none`` (the default: requests as a serving client sends
+frames (``max_new_tokens = frames + 1``, ``ignore_eos``; the talker's sampling otherwise vLLM-Omni's deploy defaults,
+``core.models.qwen3_tts.deploy_defaults``: temperature 0.9, top-k 50, repetition penalty 1.05, min tokens 2). ``--request-seeds``: ``none`` (the default: requests as a serving client sends
 them, no seed) and/or ``per-request`` (vLLM's ``SamplingParams.seed`` plus vLLM-Omni's ``tts_local_seed``
 for the talker MTP, which gives each request its own ``torch.Generator``); each mode measures every
 concurrency on the same engines. A call with generators runs the talker MTP's unwrapped head (a captured
@@ -22,8 +25,9 @@ graph would freeze one generator's state; ``core.hooks.talker_mtp``), so ``per-r
 MTP's cost; every row reports the talker MTP's mode and the graph replays it made. ``--model-inner-compile``
 lets vLLM-Omni's code predictor ``torch.compile`` itself (``OMNI_BACKENDS_MODEL_INNER_COMPILE=1``,
 ``core.models.vllm_omni``), as on vLLM-Omni's own CUDA platform; the default host answers that it may not.
-The talker's frames stream to code2wav in chunks of ``--chunk-frames`` (the first one ``--first-chunk-frames``; each chunk request carries ``--left-context``
-earlier frames and keeps the samples of its own frames), so the first audio comes while the talker runs. ``--engines``:
+The talker's frames stream to code2wav in chunks of ``--chunk-frames`` (the first one ``--first-chunk-frames``; each chunk request
+carries ``--left-context`` earlier frames and keeps the samples of its own frames; all three default to vLLM-Omni's deploy
+config: 25, 1 and 72 = the decoder's window), so the first audio comes while the talker runs. ``--engines``:
 
 - ``async`` (the default on a driver that captures graphs, where ``core.stage.make_async_engine`` exists):
   two ``AsyncLLM`` engines, each engine core in its own process, the talker streaming ``DELTA`` outputs
@@ -116,11 +120,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="tiny", choices=SIZES, help="checkpoint shapes (default %(default)s)")
     ap.add_argument("--frames", type=int, default=48, help=f"codec frames per request, 1..{MAX_FRAMES}")
-    ap.add_argument("--chunk-frames", type=int, default=12, help="frames per code2wav chunk, 1..--frames")
+    ap.add_argument("--chunk-frames", type=int, default=None,
+                    help="frames per code2wav chunk, 1..--frames (default: vLLM-Omni's deploy config, at most --frames)")
     ap.add_argument("--first-chunk-frames", type=int, default=None,
-                    help="frames of each request's first chunk, 1..--chunk-frames (default: --chunk-frames; "
-                         "vLLM-Omni's deploy config emits its first chunk after 1 frame)")
-    ap.add_argument("--left-context", type=int, default=25, help="earlier frames each chunk carries, 0..1024")
+                    help="frames of each request's first chunk, 1..--chunk-frames (default: vLLM-Omni's deploy config)")
+    ap.add_argument("--left-context", type=int, default=None,
+                    help="earlier frames each chunk carries, 0..1024 (default: vLLM-Omni's deploy config, the decoder's "
+                         "window)")
     ap.add_argument("--concurrency", default="1,8,64", help=f"comma list, each 1..{MAX_CONCURRENCY}")
     ap.add_argument("--reps", type=int, default=3, help="concurrency-1 requests measured one after another, 1..100")
     ap.add_argument("--request-seeds", default="none",
@@ -150,10 +156,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--request-seeds must be a comma list of {' / '.join(REQUEST_SEEDS)}, got {args.request_seeds!r}")
     if not 1 <= args.frames <= MAX_FRAMES:
         ap.error(f"--frames must be in 1..{MAX_FRAMES}, got {args.frames}")
+    from core.models.qwen3_tts import deploy_defaults
+    from omni_backends.errors import BadInputError
+
+    try:
+        deploy = deploy_defaults()
+    except BadInputError as exc:
+        ap.error(str(exc))
+    if args.chunk_frames is None:
+        args.chunk_frames = min(deploy.chunk_frames, args.frames)
+    if args.left_context is None:
+        args.left_context = deploy.left_context_frames
     if not 1 <= args.chunk_frames <= args.frames:
         ap.error(f"--chunk-frames must be in 1..--frames ({args.frames}), got {args.chunk_frames}")
     if args.first_chunk_frames is None:
-        args.first_chunk_frames = args.chunk_frames
+        args.first_chunk_frames = min(deploy.initial_chunk_frames, args.chunk_frames)
     if not 1 <= args.first_chunk_frames <= args.chunk_frames:
         ap.error(f"--first-chunk-frames must be in 1..--chunk-frames ({args.chunk_frames}), got {args.first_chunk_frames}")
     if not 0 <= args.left_context <= 1024:
@@ -241,16 +258,22 @@ def start_engines(args: argparse.Namespace, backend, model_dir: str, prompt_len:
     info = {}
     t0 = time.perf_counter()
     mem = engine_memory_kw(backend, model_dir, max_model_len=talker_len, max_num_seqs=seqs, dtype=args.dtype)
-    talker = make_engine(model_dir, device=args.device, max_model_len=talker_len, max_num_seqs=seqs, **common, **mem)
+    from core.models.qwen3_tts import deploy_defaults, read_checkpoint, stage_engine_args
+
+    ckpt, deploy = read_checkpoint(model_dir), deploy_defaults()
+    stage = stage_engine_args(ckpt, deploy, "talker", dtype=args.dtype, max_num_seqs=seqs, max_model_len=talker_len)
+    talker = make_engine(model_dir, device=args.device, hf_overrides=stage["hf_overrides"], max_model_len=talker_len,
+                         max_num_seqs=seqs, **common, **mem)
     info["talker_start_s"] = time.perf_counter() - t0
     info["talker_runner"] = "v2" if getattr(talker, "llm_engine", talker).vllm_config.use_v2_model_runner else "v1"
     info["code2wav_runner"] = code2wav_runner(info["talker_runner"])
     t0 = time.perf_counter()
     mem = engine_memory_kw(backend, model_dir, max_model_len=c2w_len, max_num_seqs=seqs, dtype=args.dtype)
     # every scheduled chunk request fits one step whole (a code2wav request is one forward, never chunked)
-    c2w = make_engine(model_dir, kind="generation", device=args.device, hf_overrides={"architectures": [
-        "Qwen3TTSCode2Wav"]}, max_model_len=c2w_len, max_num_seqs=seqs, max_num_batched_tokens=seqs * c2w_len,
-        **common, **mem)
+    stage = stage_engine_args(ckpt, deploy, "code2wav", dtype=args.dtype, max_num_seqs=seqs, max_model_len=c2w_len)
+    c2w = make_engine(model_dir, kind=stage["kind"], device=args.device, hf_overrides=stage["hf_overrides"],
+                      max_model_len=c2w_len, max_num_seqs=seqs, max_num_batched_tokens=stage["max_num_batched_tokens"],
+                      **common, **mem)
     info["code2wav_start_s"] = time.perf_counter() - t0
     info.update(talker_max_model_len=talker_len, code2wav_max_model_len=c2w_len, max_num_seqs=seqs, num_code_groups=q)
     return talker, c2w, info
@@ -278,38 +301,28 @@ def code2wav_runner(talker_runner: str) -> str:
 
 
 def talker_request(model_dir: str, text: str) -> tuple[dict, int]:
-    """The CustomVoice payload for ``text`` (first speaker, English) and its prompt length
-    (vLLM-Omni's ``Qwen3TTSPromptEmbedsBuilder.estimate_prompt_len_from_additional_information``)."""
-    from transformers import AutoTokenizer
+    """The CustomVoice request for ``text`` (the checkpoint's first speaker, English) and its talker prompt length:
+    ``({"ckpt", "deploy", "request"}, prompt_len)``, the checkpoint checked (``read_checkpoint``) and the length
+    from vLLM-Omni's own estimate (``core.models.qwen3_tts.talker_inputs``)."""
+    from core.models.qwen3_tts import TTSRequest, deploy_defaults, read_checkpoint, talker_inputs
 
-    from core.models import vllm_omni
-
-    builder = vllm_omni.load_module("model_executor.models.qwen3_tts.prompt_embeds_builder")
-    with open(os.path.join(model_dir, "config.json")) as f:
-        t = json.load(f)["talker_config"]
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    speaker = next(iter(t["spk_id"]))
-    info = {"text": [text], "task_type": ["CustomVoice"], "speaker": [speaker], "language": ["English"],
-            "non_streaming_mode": [True]}
-    n = builder.Qwen3TTSPromptEmbedsBuilder.estimate_prompt_len_from_additional_information(
-        info, task_type="CustomVoice", tokenize_prompt=lambda s: tok(s)["input_ids"],
-        codec_language_id=t["codec_language_id"], spk_is_dialect={})
-    return info, int(n)
+    ckpt, deploy = read_checkpoint(model_dir), deploy_defaults()
+    req = TTSRequest(text=text, task_type="CustomVoice", speaker=ckpt.speakers[0], language="English",
+                     non_streaming_mode=True)
+    prompt, _ = talker_inputs(ckpt, deploy, req)
+    return {"ckpt": ckpt, "deploy": deploy, "request": req}, len(prompt["prompt_token_ids"])
 
 
 def talker_params(args: argparse.Namespace, payload: dict, seed: int | None, output_kind):
-    """A talker request's ``SamplingParams``: ``frames + 1`` tokens, ``ignore_eos``, temperature 0.9 / top-k 50;
-    with ``seed``: vLLM's ``seed`` and vLLM-Omni's ``tts_local_seed`` (``core.hooks.MTP_SEED_KEY``)."""
-    from vllm import SamplingParams
+    """A talker request's ``(prompt, SamplingParams)`` through ``core.models.qwen3_tts.talker_inputs``:
+    ``max_new_tokens = frames + 1``, ``ignore_eos``, the deploy's sampling; with ``seed``: vLLM's ``seed`` and
+    vLLM-Omni's ``tts_local_seed``."""
+    import dataclasses
 
-    from core.hooks import MTP_SEED_KEY
-    from core.payloads import EXTRA_ARGS_KEY, pack
+    from core.models.qwen3_tts import talker_inputs
 
-    extra = {EXTRA_ARGS_KEY: pack(payload)}
-    if seed is not None:
-        extra[MTP_SEED_KEY] = seed
-    return SamplingParams(max_tokens=args.frames + 1, temperature=0.9, top_k=50, seed=seed, ignore_eos=True,
-                          detokenize=False, output_kind=output_kind, extra_args=extra)
+    req = dataclasses.replace(payload["request"], seed=seed, max_new_tokens=args.frames + 1)
+    return talker_inputs(payload["ckpt"], payload["deploy"], req, output_kind=output_kind, ignore_eos=True)
 
 
 async def talker_mtp_state(talker, engines: str) -> dict:
@@ -334,8 +347,8 @@ class Streamer:
     def _submit_talker(self, rid: str, seed: int | None) -> None:
         from vllm.sampling_params import RequestOutputKind
 
-        p = talker_params(self.args, self.payload, seed, RequestOutputKind.CUMULATIVE)
-        self.talker.add_request(rid, {"prompt_token_ids": [0] * self.prompt_len}, p)
+        prompt, p = talker_params(self.args, self.payload, seed, RequestOutputKind.CUMULATIVE)
+        self.talker.add_request(rid, prompt, p)
 
     def _submit_chunk(self, rec: dict, frames, start: int, end: int) -> None:
         from vllm import SamplingParams
@@ -441,10 +454,10 @@ class AsyncStreamer:
         self.count += 1
         rec = {"id": rid, "submit": time.perf_counter(), "first": None, "last": None, "samples": 0, "sr": None,
                "frames": 0, "chunks": 0, "talker_end": None, "chunk_ms": []}
-        p = talker_params(self.args, self.payload, seed, RequestOutputKind.DELTA)
+        prompt, p = talker_params(self.args, self.payload, seed, RequestOutputKind.DELTA)
         rows, n_rows, sent, tasks = [], 0, 0, []
         chunk, first = self.args.chunk_frames, self.args.first_chunk_frames
-        async for out in self.talker.generate({"prompt_token_ids": [0] * self.prompt_len}, p, rid):
+        async for out in self.talker.generate(prompt, p, rid):
             new = (out.multimodal_outputs or {}).get("codes.audio")
             if new is not None and new.numel():
                 rows.append(new)
@@ -527,9 +540,7 @@ async def measure(args: argparse.Namespace, res: dict, talker, c2w, payload: dic
 def run(args: argparse.Namespace) -> dict:
     import torch
 
-    from core.models.qwen3_tts_checkpoint import checkpoint_info, write_qwen3_tts
-
-    from core.models.qwen3_tts_checkpoint import size_spec
+    from core.models.qwen3_tts.checkpoint_writer import checkpoint_info, size_spec, write_qwen3_tts
 
     if args.model_dir is None and args.frames + 64 > size_spec(args.size).max_position_embeddings:
         args.ap.error(f"--frames {args.frames}: {args.size} checkpoints hold {size_spec(args.size).max_position_embeddings}"

@@ -212,6 +212,28 @@ V2_BLOCK_TABLES_STAGED_WRITES = _call("vllm.v1.worker.gpu.block_table", "BlockTa
 V2_BLOCK_TABLES_ATTR = _attr(_V2, "GPUModelRunner.block_tables")
 REQUIRES_RAW_INPUT_TOKENS = _call("vllm.model_executor.models.interfaces", "requires_raw_input_tokens", "model")
 
+# ------------------------------------------------------------------ M-RoPE positions (core.mrope), V1 and V2
+#: how vLLM asks a model for a prompt's M-RoPE positions: ``supports_mrope(model)`` (the runtime-checked
+#: ``SupportsMRoPE`` protocol: ``supports_mrope`` and ``get_mrope_input_positions`` on the instance), then
+#: ``model.get_mrope_input_positions(input_tokens, mm_features)`` -- V1 ``_init_mrope_positions``, V2 ``RopeState``
+SUPPORTS_MROPE = _call("vllm.model_executor.models.interfaces", "supports_mrope", "model")
+MROPE_INPUT_POSITIONS = _call("vllm.model_executor.models.interfaces", "SupportsMRoPE.get_mrope_input_positions",
+                              "input_tokens", "mm_features")
+V1_INIT_MROPE_POSITIONS = VendorSymbol(_V1, "GPUModelRunner._init_mrope_positions", params=("req_state",),
+                                       required=("req_state",), mentions=("get_mrope_input_positions",),
+                                       defined_at=_here(1))
+V2_ROPE_STATE_INIT = VendorSymbol("vllm.v1.worker.gpu.mm.rope", "RopeState.init_prefill_positions",
+                                  params=("req_idx", "model", "prefill_token_ids", "mm_features"),
+                                  required=("req_idx", "model", "prefill_token_ids", "mm_features"),
+                                  mentions=("get_mrope_input_positions",), defined_at=_here(1))
+#: the V2 runner's module-level ``init_model_state`` (what its ``load_model`` calls once the model is built),
+#: replaced for the duration of the omni V2 runner's ``load_model`` when the config declares M-RoPE
+#: (``core.mrope.text_mrope_on_model_state``)
+V2_RUNNER_INIT_MODEL_STATE = VendorSymbol(_V2, "init_model_state", params=("vllm_config", "model"),
+                                          required=None, defined_at=_here(1))
+MROPE_SYMBOLS = (SUPPORTS_MROPE, MROPE_INPUT_POSITIONS, V1_INIT_MROPE_POSITIONS, V2_ROPE_STATE_INIT,
+                 V2_RUNNER_INIT_MODEL_STATE)
+
 V2_SYMBOLS: tuple[VendorSymbol, ...] = (
     DEFAULT_MODEL_STATE, MODEL_STATE_INTERFACE, RESOLVE_MODEL_STATE_CLS, MS_ADD_REQUEST, MS_REMOVE_REQUEST,
     MS_PREPARE_INPUTS, MS_PREPARE_INPUTS_EMBEDS, MS_PREPARE_DUMMY_INPUTS, V2_CAPTURE_MODEL,
@@ -223,7 +245,7 @@ V2_SYMBOLS: tuple[VendorSymbol, ...] = (
 """Every vLLM V2 symbol :mod:`core.runner.model_state` and :mod:`core.runner.v2` rely on."""
 
 SYMBOLS: tuple[VendorSymbol, ...] = (*IMPORTED, *ENGINE_SYMBOLS, *PIPELINE_SYMBOLS, *GRAPH_SYMBOLS, *V1_SYMBOLS,
-                                     *V2_SYMBOLS)
+                                     *V2_SYMBOLS, *MROPE_SYMBOLS)
 """Every vLLM symbol the core binds (what ``check-drift`` resolves from :data:`CONTRACT`)."""
 
 #: executors that receive ``sample_tokens``' output and unwrap an async one.

@@ -1,6 +1,6 @@
 """Writing a model folder: into a temporary sibling renamed into place only when complete
 (:func:`fresh_directory`), its weights as safetensors files (:class:`ShardWriter`). Used by the demo models
-(``core.models.create``) and the Qwen3-TTS checkpoint (``core.models.qwen3_tts_checkpoint``); imports
+(``core.models.create``) and the Qwen3-TTS checkpoint (``core.models.qwen3_tts.checkpoint_writer``); imports
 neither torch nor vLLM (``safetensors.torch`` when a file is written)."""
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from core.hooks import BatchView, OmniHooks
 from core.hooks.contract import needs_omni_hooks
 from core.hooks.graphs import capture_talker_mtp, graphs_enabled, talker_mtp_buffers
 from core.kinds import AR
+from core.mrope import provide_text_mrope_positions
 from core.runner.classes import omni_runner_class
 from core.model_io import ModelOutputAdapter, omni_runner_output, prompt_embeds_without_embeds_path
 from omni_backends.backend import Backend
@@ -71,6 +72,7 @@ class OmniV1RunnerMixin:
             old.remove()
             self._omni_io = None
         model = self.get_model()
+        provide_text_mrope_positions(model, self.model_config)  # M-RoPE config, no SupportsMRoPE (core.mrope)
         self.omni_hooks.bind_model(model, self.vllm_config, mtp_runner=self._omni_mtp_runner)
         # a stock vLLM model: no adapter, no hooks in its steps (as V2 keeps vLLM's ModelState for it)
         self._omni_active = needs_omni_hooks(model, self.omni_kind)

@@ -7,7 +7,8 @@ it), the driver's :class:`~omni_backends.backend.Backend` passed in as the
 class's ``omni_backend``. The mixin overrides four runner methods:
 
 - ``load_model``: vLLM's (or the vendor's), which builds the model, its
-  ``ModelState`` and the sampler; then the omni state is composed with the state
+  ``ModelState`` and the sampler (a model whose config declares M-RoPE without
+  vLLM's ``SupportsMRoPE`` given text positions first, :mod:`core.mrope`); then the omni state is composed with the state
   that was built (:func:`core.runner.model_state.compose_model_state`) and the
   sampler wrapped (:class:`~core.runner.model_state.OmniSampler`). A stock model
   keeps vLLM's state and sampler (:func:`~core.runner.model_state.needs_omni_state`).
@@ -28,6 +29,7 @@ from typing import Any
 
 from core.hooks.graphs import capture_talker_mtp
 from core.kinds import AR
+from core.mrope import text_mrope_on_model_state
 from core.runner.classes import omni_runner_class
 from core.runner.model_state import OmniModelStateMixin, OmniSampler, compose_model_state, needs_omni_state
 from omni_backends.backend import Backend
@@ -61,7 +63,8 @@ class OmniV2RunnerMixin:
         built and the sampler wrapped. Raises
         :class:`~core.runner.model_state.ModelStateCompositionError` (both classes
         named) when the state cannot be composed."""
-        super().load_model(*args, **kwargs)  # type: ignore[misc]
+        with text_mrope_on_model_state(self.vllm_config):  # type: ignore[attr-defined]  # core.mrope
+            super().load_model(*args, **kwargs)  # type: ignore[misc]
         state = self.model_state  # type: ignore[attr-defined]
         model = state.model
         if not isinstance(state, OmniModelStateMixin) and not needs_omni_state(model, self.omni_kind):

@@ -40,13 +40,15 @@ def omni_engine(model_dir: str, **kw):
     mem = engine_memory_kw(prepare_device(DEVICE).backend, model_dir, max_model_len=256, max_num_seqs=4,
                            dtype="float32")
     return make_engine(model_dir, device=DEVICE, **{**ENGINE_KW, **mem, **kw})
+#: the released checkpoint names Qwen3TTSForConditionalGeneration; each stage runs its class (vLLM-Omni's hf_overrides)
 CODE2WAV = {"architectures": ["Qwen3TTSCode2Wav"]}
+TALKER_ARCH = {"architectures": ["Qwen3TTSTalkerForConditionalGeneration"]}
 FRAMES = [5, 9, 7]  # code2wav requests
 # talker requests: (text, speaker, language, non_streaming_mode, frames, MTP seed)
 TALKER = [
-    ("Hello world!", "alice", "Auto", True, 4, 11),
-    ("The quick brown fox jumps over the lazy dog.", "bob", "English", True, 6, 12),
-    ("How are you today? A talker turns text into codec frames.", "alice", "Auto", False, 5, 13),
+    ("Hello world!", "vivian", "Auto", True, 4, 11),
+    ("The quick brown fox jumps over the lazy dog.", "ryan", "English", True, 6, 12),
+    ("How are you today? A talker turns text into codec frames.", "eric", "Auto", False, 5, 13),  # dialect speaker
 ]
 
 
@@ -128,8 +130,11 @@ def talker_requests(model_dir: str) -> list[dict]:
 
     from core.models import vllm_omni
 
+    import json
+
     builder = vllm_omni.load_module("model_executor.models.qwen3_tts.prompt_embeds_builder")
-    from tests.fixtures.qwen3_tts.tiny_checkpoint import LANGUAGES
+    with open(os.path.join(model_dir, "config.json")) as f:
+        t = json.load(f)["talker_config"]
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     reqs = []
@@ -138,7 +143,7 @@ def talker_requests(model_dir: str) -> list[dict]:
                 "non_streaming_mode": [non_streaming]}
         prompt_len = builder.Qwen3TTSPromptEmbedsBuilder.estimate_prompt_len_from_additional_information(
             info, task_type="CustomVoice", tokenize_prompt=lambda s: tok(s)["input_ids"],
-            codec_language_id=LANGUAGES, spk_is_dialect={})
+            codec_language_id=t["codec_language_id"], spk_is_dialect=t["spk_is_dialect"])
         reqs.append({"info": info, "prompt_len": prompt_len, "frames": frames, "seed": seed})
     return reqs
 
@@ -245,7 +250,7 @@ def talker(model_dir: str) -> dict:
     from core.payloads import EXTRA_ARGS_KEY, pack
 
     reqs = talker_requests(model_dir)
-    llm = omni_engine(model_dir, skip_tokenizer_init=True)
+    llm = omni_engine(model_dir, skip_tokenizer_init=True, hf_overrides=TALKER_ARCH)
     runner = runner_of(llm)
     hooks = runner.omni_hooks
     calls = {"rows": 0, "calls": 0, "per_request": {}}

