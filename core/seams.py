@@ -114,9 +114,15 @@ ASYNC_LLM_FROM_ENGINE_ARGS = VendorSymbol("vllm.v1.engine.async_llm", "AsyncLLM.
                                           params=("engine_args", "stat_loggers"), required=("engine_args",),
                                           defined_at=_here(1))
 OUTPUT_PROCESSOR_REQUEST_IDS = _attr("vllm.v1.engine.output_processor", "OutputProcessor.external_req_ids")
+#: engine processes end with their owner (omni_backends.engine_lifetime): vLLM runs the general plugins, ours
+#: (core.models:register) among them, in every engine-core process and worker it spawns
+ENGINE_CORE_LOADS_PLUGINS = VendorSymbol("vllm.v1.engine.core", "EngineCore.__init__", kind="callable",
+                                         mentions=("load_general_plugins",), defined_at=_here(1))
+WORKER_LOADS_PLUGINS = VendorSymbol("vllm.v1.worker.worker_base", "WorkerWrapperBase.init_worker", kind="callable",
+                                    mentions=("load_general_plugins",), defined_at=_here(1))
 PIPELINE_SYMBOLS = (ENGINE_CORE_PROCESSES, ENGINE_CORE_SHUTDOWN, ENGINE_DEAD_ERROR, ASYNC_LLM_SHUTDOWN,
                     ASYNC_LLM_ERRORED, ASYNC_LLM_ABORT, ASYNC_LLM_GENERATE, OUTPUT_PROCESSOR_REQUEST_IDS,
-                    ASYNC_LLM_FROM_ENGINE_ARGS)
+                    ASYNC_LLM_FROM_ENGINE_ARGS, ENGINE_CORE_LOADS_PLUGINS, WORKER_LOADS_PLUGINS)
 
 
 # ------------------------------------------------------------------ graphs (core.hooks.graphs)

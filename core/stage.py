@@ -31,15 +31,19 @@ def prepare_device(device: str | None = None) -> Selection:
     Raises the registry's errors (unknown / not usable device) before vLLM is
     imported, and :class:`~omni_backends.errors.PlatformMismatchError` if vLLM
     resolves another platform. Keeps vLLM-Omni's vLLM plugin out of every
-    process the engine starts (``VLLM_PLUGINS``, :func:`core.models.vllm_omni.keep_plugin_out`). Raises
+    process the engine starts (``VLLM_PLUGINS``, :func:`core.models.vllm_omni.keep_plugin_out`), and makes this
+    process the engine owner: every process the engines start ends when this one does, however it dies
+    (:func:`omni_backends.engine_lifetime.own_engines`). Raises
     ``ValueError`` for a bad ``OMNI_BACKENDS_MODEL_INNER_COMPILE`` (:func:`core.models.vllm_omni.inner_compile_allowed`)
     here, not in a worker.
     """
     from core.models.vllm_omni import inner_compile_allowed, keep_plugin_out
+    from omni_backends.engine_lifetime import own_engines
 
     inner_compile_allowed()
     sel = select(device)
     keep_plugin_out()
+    own_engines()
     sel.backend.check_vllm_platform()
     return sel
 

@@ -20,7 +20,13 @@ ARCHITECTURES = {
 
 
 def register() -> None:
-    """Register the architectures in vLLM's ``ModelRegistry`` (idempotent)."""
+    """Register the architectures in vLLM's ``ModelRegistry`` (idempotent). In a process an engine owner
+    started (an engine core, a worker), first make it end with that owner
+    (:func:`omni_backends.engine_lifetime.end_with_owner`; vLLM loads this plugin in every engine-core and
+    worker process it spawns, ``core.seams.ENGINE_CORE_LOADS_PLUGINS`` / ``WORKER_LOADS_PLUGINS``)."""
+    from omni_backends.engine_lifetime import end_with_owner
+
+    end_with_owner()
     from vllm.model_executor.models.registry import ModelRegistry
 
     from core.models import qwen3_tts

@@ -43,6 +43,9 @@ def run(device: str, model: str, side: str, worker_cls: str, scheduler_cls: str)
 
     sel = select(device)
     sel.backend.check_vllm_platform()
+    from omni_backends.engine_lifetime import own_engines
+
+    own_engines()  # the engine's processes end with this one, however it dies
     from vllm import LLM
 
     from omni_backends.engine_memory import engine_memory_kw
