@@ -14,7 +14,9 @@
   along dim 0).
 
 Works in vLLM's multiprocess engine (msgspec over ZMQ) and in-process.
-Nothing here is device-specific.
+Nothing here is device-specific. Where vLLM builds an object with no option for
+another class (the output processor, each request's state and queue, the client's
+decoder, ``RequestOutput``), the change is a patch in :mod:`core.patches`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.output_processor import OutputProcessor, RequestOutputCollector
 
 from core.kinds import AR, GENERATION
+from core.patches.engine_core_decoder import decode_as
+from core.patches.output_processor_class import omni_output_processor
+from core.patches.request_output_collector_class import QUEUE_ARG, omni_collector
+from core.patches.request_output_field import set_multimodal_outputs
+from core.patches.request_state_class import omni_request_state
 from core.outputs import STEP_LOG_STEPS, StepAccumulator, StepLog, StepRows, merge_step_outputs
 from core.payloads import EXTRA_ARGS_KEY, unpack
 from core.seams import ASYNC_SCHEDULER, ASYNC_SCHEDULING
@@ -181,7 +188,7 @@ class OmniRequestState:
     def make_request_output(self, *args: Any, **kwargs: Any) -> Any:
         out = super().make_request_output(*args, **kwargs)  # type: ignore[misc]
         if out is not None and not hasattr(out, "multimodal_outputs") and hasattr(out, "outputs"):
-            out.multimodal_outputs = self.omni_take()
+            set_multimodal_outputs(out, self.omni_take())
         return out
 
 
@@ -199,9 +206,9 @@ class OmniRequestOutputCollector(RequestOutputCollector):
         new = getattr(output, "multimodal_outputs", None) or {}
         if self.aggregate:
             old = getattr(prev, "multimodal_outputs", None) or {}
-            prev.multimodal_outputs = merge_step_outputs([old, new]) if old and new else dict(old or new)
+            set_multimodal_outputs(prev, merge_step_outputs([old, new]) if old and new else dict(old or new))
         elif hasattr(output, "multimodal_outputs"):
-            prev.multimodal_outputs = new
+            set_multimodal_outputs(prev, new)
 
 
 class OmniOutputProcessor(OutputProcessor):
@@ -256,18 +263,16 @@ class OmniOutputProcessor(OutputProcessor):
                 validate(unpack(extra.get(EXTRA_ARGS_KEY)), len(request.prompt_token_ids or ()))
             except ValueError as exc:
                 raise ValueError(f"request {request.request_id}: {exc}") from None
-        queue = kwargs.get("queue", args[3] if len(args) > 3 else None)
-        if type(queue) is RequestOutputCollector:
-            queue.__class__ = OmniRequestOutputCollector
+        queue = kwargs.get("queue", args[QUEUE_ARG] if len(args) > QUEUE_ARG else None)
+        omni_collector(queue, RequestOutputCollector, OmniRequestOutputCollector)
         result = super().add_request(request, *args, **kwargs)
         state = self.request_states.get(request.request_id)
         if state is not None and not isinstance(state, OmniRequestState):
             log = self.omni_log
             if log is None:
                 log = self.omni_log = StepLog()
-            state.__class__ = _omni_state_cls(type(state))
-            state.omni_steps = StepAccumulator()
-            state.omni_log, state.omni_since = log, log.end
+            omni_request_state(state, _omni_state_cls(type(state)), omni_steps=StepAccumulator(), omni_log=log,
+                               omni_since=log.end)
         return result
 
 
@@ -302,15 +307,6 @@ def attach_omni_frontend(llm: Any, kind: str = AR) -> Any:
     if not isinstance(op, OutputProcessor):
         raise RuntimeError(f"vLLM's {type(engine).__name__} has no OutputProcessor at .output_processor; this vLLM "
                            "is not supported")
-    if not isinstance(op, OmniOutputProcessor):
-        op.__class__ = type("Omni" + type(op).__name__, (OmniOutputProcessor, type(op)), {})
-    op.omni_kind = kind
-    op.omni_validate_payload = _payload_validator(engine)
-    client = engine.engine_core
-    decoder = getattr(client, "decoder", None)
-    if decoder is not None:  # multiprocess client: decode our output type
-        inner = getattr(decoder, "decoder", None)
-        if inner is None or not hasattr(decoder, "ext_hook"):
-            raise RuntimeError("vLLM's engine-core client decoder has an unexpected shape; this vLLM is not supported")
-        decoder.decoder = msgspec.msgpack.Decoder(OmniEngineCoreOutputs, ext_hook=decoder.ext_hook, dec_hook=decoder.dec_hook)
+    omni_output_processor(op, OmniOutputProcessor, omni_kind=kind, omni_validate_payload=_payload_validator(engine))
+    decode_as(engine.engine_core, OmniEngineCoreOutputs)  # a multiprocess client: decode our output type
     return llm

@@ -26,7 +26,9 @@ Ascend runners built on it; the V2 runner) that the core must not assume away:
    every abstract method it declares, and takes this step's multimodal outputs
    at once (an async output is read after the next step has started).
 
-The vLLM symbols used here are declared in :mod:`core.seams`.
+The vLLM symbols used here are declared in :mod:`core.seams`; the changes of vLLM objects
+(the model's instance ``forward``, the compilation config) are the patches
+:mod:`core.patches.model_forward` and :mod:`core.patches.compilation_config`.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ from typing import Any, Callable
 import torch
 
 from core.outputs import OmniModelRunnerOutput, OmniOutput
-from core.seams import ASYNC_MODEL_RUNNER_OUTPUT, COPY_INPUTS
+from core.patches.compilation_config import COPY_INPUTS, enable_copy_inputs
+from core.patches.model_forward import ABSENT, install_forward, restore_forward
+from core.seams import ASYNC_MODEL_RUNNER_OUTPUT
 
 log = logging.getLogger(__name__)
 
@@ -133,16 +137,16 @@ class ModelOutputAdapter:
         previous = getattr(model.__dict__.get("forward"), ADAPTER_ATTR, None)
         if previous is not None:  # one adapter per model
             previous.remove()
-        #: what ``model.__dict__["forward"]`` held before (``_ABSENT``: nothing, the class's forward)
-        self._saved = model.__dict__.get("forward", _ABSENT)
+        #: what ``model.__dict__["forward"]`` held before (``ABSENT``: nothing, the class's forward)
+        self._saved = model.__dict__.get("forward", ABSENT)
         self._forward = self._wrap(model)
-        model.forward = self._forward
+        install_forward(model, self._forward)  # the patch core.patches.model_forward
 
     def _wrap(self, model: Any) -> Callable[..., Any]:
         """The instance ``forward``: the model's own (an instance ``forward`` set before, else its class's,
         looked up at every call, as ``nn.Module.__call__`` does), then :meth:`_on_output`."""
         on_output = self._on_output
-        saved = self._saved if self._saved is not _ABSENT else None
+        saved = self._saved if self._saved is not ABSENT else None
 
         @functools.wraps(model.forward)  # the same name, doc and signature (``inspect`` follows __wrapped__)
         def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
@@ -156,12 +160,7 @@ class ModelOutputAdapter:
 
     def remove(self) -> None:
         """Give the model its own ``forward`` back (it then returns its own outputs again)."""
-        model = self._model
-        if model.__dict__.get("forward") is self._forward:
-            if self._saved is _ABSENT:
-                del model.__dict__["forward"]
-            else:
-                model.__dict__["forward"] = self._saved
+        restore_forward(self._model, self._forward, self._saved)
         self._embeds_for_ids = None
 
     def feed_embeddings(self, embeds_for_ids: Any) -> None:
@@ -379,10 +378,9 @@ def copy_graph_inputs(vllm_config: Any, model: Any) -> bool:
     Called from ``OmniHooks.bind_model`` (V1 ``load_model``, V2 model state).
     Returns True when it turned the switch on."""
     comp = getattr(vllm_config, "compilation_config", None)
-    name = COPY_INPUTS.attr.split(".")[-1]
-    if comp is None or not feeds_prompt_embeds(model) or getattr(comp, name, True):
+    if comp is None or not feeds_prompt_embeds(model) or getattr(comp, COPY_INPUTS.attr_name, True):
         return False
-    setattr(comp, name, True)
+    enable_copy_inputs(comp)  # the patch core.patches.compilation_config
     log.info("cudagraph_copy_inputs on for %s: its forward builds the embeddings its compiled decoder reads",
              type(model).__name__)
     return True

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import sys
 
+from core.patches import PATCHES
 from omni_backends.binding import (
     MODEL_CALL_FORMS,
     AsyncOutputContract,
@@ -86,8 +87,6 @@ ASYNC_SCHEDULER = _cls("vllm.v1.core.sched.async_scheduler", "AsyncScheduler")
 ASYNC_SCHEDULING = _attr("vllm.config.scheduler", "SchedulerConfig.async_scheduling")
 ASYNC_MODEL_RUNNER_OUTPUT = _cls("vllm.v1.outputs", "AsyncModelRunnerOutput")
 ASYNC_GET_OUTPUT = VendorSymbol("vllm.v1.outputs", "AsyncModelRunnerOutput.get_output")
-#: vLLM copies a compiled graph's inputs into its static buffers (``core.model_io.copy_graph_inputs``)
-COPY_INPUTS = _attr("vllm.config.compilation", "CompilationConfig.cudagraph_copy_inputs")
 #: what the omni front end relies on in vLLM's output processor (``core.engine``): each request's state makes
 #: its outputs (the omni state mixin overrides it), the AsyncLLM queue merges outputs the consumer has not taken
 REQUEST_STATE_MAKE_OUTPUT = VendorSymbol("vllm.v1.engine.output_processor", "RequestState.make_request_output",
@@ -96,7 +95,7 @@ REQUEST_STATE_MAKE_OUTPUT = VendorSymbol("vllm.v1.engine.output_processor", "Req
 REQUEST_STATE_OUTPUT_KIND = _attr("vllm.v1.engine.output_processor", "RequestState.output_kind")
 COLLECTOR_PUT = _call("vllm.v1.engine.output_processor", "RequestOutputCollector.put", "output")
 COLLECTOR_AGGREGATE = _attr("vllm.v1.engine.output_processor", "RequestOutputCollector.aggregate")
-ENGINE_SYMBOLS = (ASYNC_SCHEDULER, ASYNC_SCHEDULING, ASYNC_MODEL_RUNNER_OUTPUT, ASYNC_GET_OUTPUT, COPY_INPUTS,
+ENGINE_SYMBOLS = (ASYNC_SCHEDULER, ASYNC_SCHEDULING, ASYNC_MODEL_RUNNER_OUTPUT, ASYNC_GET_OUTPUT,
                   REQUEST_STATE_MAKE_OUTPUT, REQUEST_STATE_OUTPUT_KIND, COLLECTOR_PUT, COLLECTOR_AGGREGATE)
 
 # ------------------------------------------------------------------ the pipeline's engine lifecycle
@@ -341,8 +340,6 @@ V2 = V2RunnerContract(
     state_hook=None,  # the runner composes the omni state with the state vLLM / the platform built (core.runner.v2)
 )
 
-CONTRACT = SeamContract(name="core", root=ROOT, v1=V1, v2=V2, symbols=SYMBOLS)
-"""The core's seam contract (entry point ``omni_backends.seam_contracts``: ``core``)."""
 
 __all__ = ["ASYNC_OUTPUT", "CONTRACT", "IMPORTED", "MODEL_CALL_FORMS", "MODEL_OUTPUT_ADAPTER", "ROOT", "SYMBOLS", "V1",
            "V1_SEAMS", "V1_SYMBOLS", "V2", "V2_RUNNER_SEAMS", "V2_STATE_SEAMS", "V2_SYMBOLS"]
@@ -365,4 +362,7 @@ PROMETHEUS_STAT_LOGGER = _call("vllm.v1.metrics.loggers", "PrometheusStatLogger"
                                kind="class")
 SERVING_SYMBOLS = (OPENAI_ERROR_RESPONSE, OPENAI_MODEL_CARD, OPENAI_MODEL_LIST, PROMETHEUS_STAT_LOGGER)
 SYMBOLS = (*SYMBOLS, *SERVING_SYMBOLS)
-CONTRACT = SeamContract(name="core", root=ROOT, v1=V1, v2=V2, symbols=SYMBOLS)
+
+CONTRACT = SeamContract(name="core", root=ROOT, v1=V1, v2=V2, symbols=SYMBOLS, patches=PATCHES)
+"""The core's seam contract (entry point ``omni_backends.seam_contracts``: ``core``): symbols, seams, and the
+patches of live vLLM objects (:data:`core.patches.PATCHES`)."""

@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from core.kinds import AR, GENERATION
+from core.patches.worker_runner import replace_model_runner
 from core.runner import build_runner_class
 from omni_backends.placement import check_worker_binding, distributed_backend_in_use
 from omni_backends.registry import verify_worker_selection
@@ -24,7 +25,8 @@ _KIND_BY_NAME = {"OmniARWorker": AR, "OmniGenerationWorker": GENERATION}
 
 class OmniWorkerMixin:
     """After the base worker set its device up and built vLLM's runner,
-    replace that runner with the omni runner over the same base."""
+    replace that runner with the omni runner over the same base
+    (:mod:`core.patches.worker_runner`)."""
 
     omni_kind: str = AR
 
@@ -39,10 +41,7 @@ class OmniWorkerMixin:
                                                 getattr(self, "device", self.model_runner.device), os.environ,
                                                 check_index=executor not in ("ray", "external_launcher"))
         runner_cls = build_runner_class(backend, self.omni_kind, v2=bool(self.vllm_config.use_v2_model_runner))
-        if not isinstance(self.model_runner, runner_cls):
-            device = self.model_runner.device
-            del self.model_runner
-            self.model_runner = runner_cls(self.vllm_config, device)
+        replace_model_runner(self, runner_cls)  # the patch core.patches.worker_runner
 
     def omni_state(self) -> dict[str, Any]:
         """What this rank's omni runner holds (``llm.collective_rpc("omni_state")``):

@@ -373,7 +373,7 @@ class Backend(abc.ABC):
         once after vLLM's ``__init__``. The rules are the reference sampler's
         (:mod:`omni_backends.testing.reference_sampler`): a random row whose ``top_k`` /
         ``top_p`` keep one token returns the greedy token, ties towards the
-        lowest token id (``omni_backends.vllm_upstream.install_one_token_greedy``
+        lowest token id (``omni_backends.patches.install_one_token_greedy``
         adds this to vLLM's ``TopKTopPSampler``). Default: ``sampler`` unchanged."""
         return sampler
 

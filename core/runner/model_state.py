@@ -47,6 +47,7 @@ from typing import Any
 from core.hooks.contract import needs_omni_hooks, read_contract
 from core.hooks.graphs import talker_mtp_buffers
 from core.kinds import AR, GENERATION, KINDS
+from core.patches.model_state_class import ClassSwapError, compose_in_place
 from core.seams import (
     DEFAULT_MODEL_STATE,
     MODEL_STATE_INTERFACE,
@@ -358,8 +359,8 @@ def model_state_cls(kind: str = AR) -> type:
 
 def compose_model_state(state: Any, backend: Any, kind: str) -> OmniModelStateMixin:
     """Compose the omni hooks with ``state``, the ModelState the runner built,
-    in place (its class becomes :func:`omni_state_cls` of its class), and bind
-    them (:meth:`OmniModelStateMixin.bind_omni`). Raises
+    in place (its class becomes :func:`omni_state_cls` of its class: the patch
+    :mod:`core.patches.model_state_class`), and bind them (:meth:`OmniModelStateMixin.bind_omni`). Raises
     :class:`ModelStateCompositionError` when its class cannot be composed, and
     whatever binding raises; in both cases ``state`` is left exactly as it was."""
     base = type(state)
@@ -369,19 +370,10 @@ def compose_model_state(state: Any, backend: Any, kind: str) -> OmniModelStateMi
         raise ModelStateCompositionError.for_state(
             base, f"its instance sets {', '.join(clash)}, which the omni hooks set differently (rename them in the "
             "state class)")
-    before = dict(vars(state))
-    if cls is not base:
-        try:
-            state.__class__ = cls
-        except TypeError as e:  # an instance layout the composed class does not share
-            raise ModelStateCompositionError.for_state(base, str(e)) from e
     try:
-        state.bind_omni(backend, kind)
-    except BaseException:
-        state.__dict__.clear()
-        state.__dict__.update(before)
-        state.__class__ = base
-        raise
+        compose_in_place(state, cls, lambda: state.bind_omni(backend, kind))
+    except ClassSwapError as e:  # an instance layout the composed class does not share
+        raise ModelStateCompositionError.for_state(base, str(e)) from e
     return state
 
 

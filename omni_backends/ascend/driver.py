@@ -51,8 +51,9 @@ from omni_backends.binding import VendorSymbol
 from omni_backends.device_lists import ORDINAL, check_range, refuse_descending, refuse_duplicates, split_entries
 from omni_backends.errors import OmniBackendError, PlacementError
 from omni_backends.probing import device_nodes, find_shared_library, install_hint, version_mismatches, versions_of
+from omni_backends.patches import install_one_token_greedy
 from omni_backends.torch_device import TorchAcceleratorBackend, copy_host_to_device_blocking
-from omni_backends.vllm_upstream import CPU_GPU_BUFFER, install_one_token_greedy
+from omni_backends.vllm_upstream import CPU_GPU_BUFFER
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
@@ -93,7 +94,7 @@ ASCEND_SAMPLER = VendorSymbol(
     "vllm_ascend.sample.sampler", "AscendSampler", params=("logprobs_mode",), required=(), dist="vllm-ascend", kind="class"
 )
 # AscendSampler keeps vLLM's Sampler.sample and replaces its top-k/top-p module with AscendTopKTopPSampler;
-# the one-token rule (omni_backends.vllm_upstream.install_one_token_greedy) wraps that attribute.
+# the one-token rule (omni_backends.patches.install_one_token_greedy) wraps that attribute.
 ASCEND_SAMPLER_TOPK = VendorSymbol(
     "vllm_ascend.sample.sampler", "AscendSampler.topk_topp_sampler", dist="vllm-ascend", kind="attribute"
 )
@@ -482,7 +483,7 @@ class AscendBackend(TorchAcceleratorBackend):
     def prepare_sampler(self, sampler: Any) -> Any:
         """``sampler`` (the ``AscendSampler`` the NPU runner built) with its
         ``topk_topp_sampler`` wrapped in place by
-        :func:`omni_backends.vllm_upstream.install_one_token_greedy`: a row whose
+        :func:`omni_backends.patches.install_one_token_greedy`: a row whose
         top-k / top-p keep one token returns the greedy token, lowest id on ties."""
         return install_one_token_greedy(sampler, attr=ASCEND_SAMPLER_TOPK.attr_name)
 

@@ -10,7 +10,7 @@ import importlib.util
 import json
 from typing import Any
 
-from omni_backends.binding import SeamContract
+from omni_backends.binding import Patch, SeamContract
 from omni_backends.drift.declarations import driver_declarations, runner_bases
 from omni_backends.drift.model import Declared
 from omni_backends.drift.installed import InstalledResolver
@@ -117,6 +117,7 @@ def run_check(drivers: list[str] | None = None, sources: list[str] | None = None
     # (read from source, as the seams are: instance attributes and unbound signatures read as written)
     core_symbols = [check_declarations(c.name, [Declared(s.qualname, s, ()) for s in c.symbols], seam_resolver)
                     for c in contracts if c.symbols]
+    patches = [check_patch(p, seam_resolver) for c in contracts for p in c.patches]
     versions: dict[str, str | None] = {}
     if sources:
         for t in resolver.trees:
@@ -144,10 +145,20 @@ def run_check(drivers: list[str] | None = None, sources: list[str] | None = None
         "versions": versions,
         "contracts": [c.name for c in contracts],
         "drift": any(r.drift for r in reports) or any(f.drift for fs in seams.values() for f in fs)
-                 or any(r.drift for r in core_symbols),
+                 or any(r.drift for r in core_symbols) or any(p["drift"] for p in patches),
         "drivers": out_drivers,
         "contract_symbols": [r.to_json() for r in core_symbols],
+        "patches": patches,
     }
+
+
+def check_patch(patch: Patch, resolver: Any) -> dict[str, Any]:
+    """One patch of a live vendor object (:class:`~omni_backends.binding.Patch`) checked with ``resolver``:
+    its declaration (name, module, what, why, versions, until) plus every check's status and the findings,
+    each finding naming the patch."""
+    report = check_declarations(patch.name, [Declared(s.qualname, s, (patch.module,)) for s in patch.checks], resolver)
+    return {**patch.to_json(), "drift": len(report.drift), "checks": report.statuses, "checked": report.checked,
+            "findings": [f.to_json() for f in report.findings]}
 
 
 def render_text(report: dict[str, Any]) -> str:
@@ -174,6 +185,17 @@ def render_text(report: dict[str, Any]) -> str:
         for f in d["findings"]:
             tag = f["kind"] if f["drift"] else f"note: {f['kind']}"
             lines.append(f"  [{tag}] {f['target']}: {f['message']}  declared at {f['declared_at']}")
+    patches = report.get("patches", [])
+    if patches:
+        lines.append(f"\npatches of live vLLM objects ({len(patches)}; core/patches/, omni_backends/patches.py):")
+    for p in patches:
+        unchecked = len(p["checks"]) - p["checked"]
+        status = "DRIFT" if p["drift"] else ("clean" if not unchecked else "no drift in the checked part")
+        lines.append(f"  {p['patch']} ({p['module']}): {status} -- {p['checked']}/{len(p['checks'])} checks"
+                     + (f", {p['drift']} drift" if p["drift"] else "") + f"; until: {p['until']}")
+        for f in p["findings"]:
+            tag = f["kind"] if f["drift"] else f"note: {f['kind']}"
+            lines.append(f"    [{tag}] {f['target']}: {f['message']}" + (f"  vendor: {f['vendor_at']}" if f.get("vendor_at") else ""))
     for v in report.get("vendor_imports", []):
         broken = [f for f in v["findings"] if f["drift"]]
         lines.append(f"\nvendor {v['package']} ({v['source']}) imports vs {v['against']}: {len(broken)} broken "

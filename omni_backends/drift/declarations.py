@@ -61,7 +61,8 @@ def driver_declarations(driver_cls: type) -> list[Declared]:
 
     Collected from all modules of the driver's package (``omni_backends/<driver>/*.py``)
     and from the ``omni_backends`` modules those import names from that declare
-    symbols (``omni_backends/vllm_upstream.py``). A symbol declared in a shared
+    symbols (``omni_backends/vllm_upstream.py``, and what a shared base it
+    inherits imports: ``omni_backends/patches.py``). A symbol declared in a shared
     module counts only if a driver module uses it, directly or through a shared
     mixin the driver inherits from.
     """
@@ -72,9 +73,15 @@ def driver_declarations(driver_cls: type) -> list[Declared]:
     shared_names: set[str] = set()
     for m in own:
         shared_names |= {n for n in _imported_omni_modules(m) if not n.startswith(package)}
+    mro_modules = {c.__module__ for c in driver_cls.__mro__}
+    # a shared base's own shared modules (vllm_upstream -> patches) count as inherited with it
+    for name in sorted(shared_names & mro_modules):
+        for sub in _imported_omni_modules(importlib.import_module(name)):
+            if not sub.startswith(package) and sub not in shared_names:
+                shared_names.add(sub)
+                mro_modules.add(sub)
     shared = [importlib.import_module(n) for n in sorted(shared_names)]
     shared = [m for m in shared if any(True for _ in declared_symbols(m))]
-    mro_modules = {c.__module__ for c in driver_cls.__mro__}
 
     uses: dict[int, list[str]] = {}
     for m in own + shared:

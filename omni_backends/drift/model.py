@@ -18,6 +18,7 @@ DRIFT_KINDS = (
     "changed-default",
     "import-error",
     "missing-behaviour",
+    "changed-layout",
 )
 #: finding kinds that are reported but are not drift.
 NOTE_KINDS = ("not-checked", "unverifiable", "kwargs-only", "guarded-import", "alternative")

@@ -62,6 +62,24 @@ def _same_default(got: str, expected: str) -> bool:
         return got.rsplit(".", 2)[-2:] == expected.rsplit(".", 2)[-2:]
 
 
+def _source_facts(sym: VendorSymbol, resolver: Any, names: tuple[str, ...], present: bool,
+                  where: str | None) -> list[tuple[str, str, str | None]]:
+    """What the vendor source of ``sym`` says about ``names``: each must be in it (``present``: the
+    symbol's ``mentions``, a behaviour relied on) or must not (its ``absent``, a layout relied on)."""
+    text = resolver.source_text(sym)
+    if text is None:
+        return [("unverifiable", f"cannot read the source of {sym.qualname} to check it "
+                                 f"{'mentions' if present else 'has no'} {', '.join(names)}", where)]
+    wrong = [n for n in names if (n in text) != present]
+    if not wrong:
+        return []
+    if present:
+        return [("missing-behaviour", f"{sym.qualname} no longer mentions {', '.join(wrong)}: the behaviour the "
+                                      "binding relies on is gone", where)]
+    return [("changed-layout", f"{sym.qualname} now has {', '.join(wrong)}: the layout the binding relies on "
+                               "changed", where)]
+
+
 def _check_symbol(sym: VendorSymbol, resolver: Any) -> tuple[bool, str | None, list[tuple[str, str, str | None]]]:
     """(checked, vendor file:line, [(kind, message, vendor_at)]) for one spelling of a declaration."""
     try:
@@ -74,16 +92,9 @@ def _check_symbol(sym: VendorSymbol, resolver: Any) -> tuple[bool, str | None, l
     out: list[tuple[str, str, str | None]] = []
     if params is not None:
         out += [(kind, message, where) for kind, message in compare_signature(sym, params)]
-    if sym.mentions:
-        text = resolver.source_text(sym)
-        if text is None:
-            out.append(("unverifiable", f"cannot read the source of {sym.qualname} to check it mentions "
-                                        f"{', '.join(sym.mentions)}", where))
-        else:
-            gone = [m for m in sym.mentions if m not in text]
-            if gone:
-                out.append(("missing-behaviour", f"{sym.qualname} no longer mentions {', '.join(gone)}: the behaviour "
-                                                 "the binding relies on is gone", where))
+    for names, present in ((sym.absent, False), (sym.mentions, True)):
+        if names:
+            out += _source_facts(sym, resolver, names, present, where)
     return True, where, out
 
 

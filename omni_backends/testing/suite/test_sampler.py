@@ -8,7 +8,7 @@ token reaches), which is the greedy token with ties towards the lowest id, on
 tied maxima too. vLLM's own ``vllm.v1.sample.ops.topk_topp_sampler.TopKTopPSampler``
 keeps every token tied at the boundary and draws among them, so a driver on it
 installs the rule (``KitOps.make_sampler`` / ``Backend.prepare_sampler``,
-``omni_backends.vllm_upstream.install_one_token_greedy``); a driver that does
+``omni_backends.patches.install_one_token_greedy``); a driver that does
 not fails :func:`check_one_token_ties`. Where the boundary falls inside a group
 of tied logits and more than one token is kept, the driver may return any token
 of the tie-closed kept set, never one outside it. Where sampling is random, the
@@ -155,7 +155,7 @@ def check_one_token_ties(backend, sampler, dtype=torch.bfloat16, edge=None, temp
            f"{got[bad].tolist()[:8]} in {len(bad)} of {n} rows (seeds) where the reference returns the greedy "
            f"token {want[bad].tolist()[:8]} (one token kept: the lowest id among the tied maxima); vLLM's "
            "TopKTopPSampler keeps every tied token and draws among them: install the one-token rule "
-           "(omni_backends.vllm_upstream.install_one_token_greedy)")
+           "(omni_backends.patches.install_one_token_greedy)")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
