@@ -175,8 +175,8 @@ class ModelOutputAdapter:
         ``preprocess`` models such as the Qwen3-TTS talker): vLLM compiles the
         decoder on its first call and drops Dynamo's guards, so a decoder
         traced on the ``input_ids`` path of a dummy run ignores the
-        ``inputs_embeds`` of every real step (the H200, 2026-12-02: garbage
-        codes under compilation, right ones eager). Only keyword calls are
+        ``inputs_embeds`` of every real step (wrong codes under compilation,
+        right ones eager; ``docs/core-runner.md``). Only keyword calls are
         changed (vLLM calls the model with keywords). Done in the wrapped
         ``forward`` (no pre-hook)."""
         self._embeds_for_ids = embeds_for_ids

@@ -1,11 +1,19 @@
-"""Omni output types: what a model returns and what the runner hands vLLM."""
+"""The omni outputs on their way from the model to the caller, and the host memory they live in.
+
+- What a model returns and what the runner hands vLLM: :class:`OmniOutput` (vLLM-Omni's four fields),
+  :class:`StepRows` (one step's host tensors with each request's row range, the msgspec part of an engine-core
+  output), :class:`OmniModelRunnerOutput` (vLLM's ``ModelRunnerOutput`` plus ``omni_rows``).
+- In the worker: :class:`StepOutputs` (a step's outputs, read once), copied into :class:`HostSlabs` (a few large
+  host slabs, one open per trailing shape and dtype, instead of one tensor per step).
+- In the front end: :class:`StepLog` (the steps since the requests' last reads, logged once per step) and each
+  request's :class:`StepAccumulator` (its rows, concatenated on read); :func:`merge_step_outputs`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
 from itertools import accumulate
-from operator import add
 from typing import Any, Callable, Iterator, NamedTuple
 
 import msgspec
@@ -164,7 +172,7 @@ class StepOutputs(Mapping):
         ends = list(accumulate(lengths))
         starts = [0, *ends[:-1]]
         if skip is not None:
-            starts = list(map(min, map(add, starts, skip), ends))
+            starts = [min(start + skipped, end) for start, skipped, end in zip(starts, skip, ends)]
         self.add_spans(req_ids, starts, ends, tensors)
 
     def add_spans(self, req_ids: list[str], starts: list[int], ends: list[int],
@@ -434,7 +442,7 @@ class HostSlabs:
 
     Why: a step's host copy lives until every request that has rows in it read them (``FINAL_ONLY``: at its
     finish, many steps later); one allocation per step kept that long made vLLM's own forward measurably
-    slower on cpu (batch 64: 7 % of the model's time, 2026-12-02, ``bench/RESULTS.md``), and a page-locked
+    slower on cpu (``bench/RESULTS.md``, decode overhead), and a page-locked
     allocation per step costs a driver call. A slab is never written twice: when its rows are used up a new
     one is opened (``max(rows, n)`` rows), the old one freed by the allocator once no view of it is left.
     ``pin``: page-locked slabs (for non-blocking device-to-host copies).

@@ -211,7 +211,7 @@ V2_ENCODER_CACHE_ATTR = _attr(_V2, "GPUModelRunner.encoder_cache")
 V2_CAPTURE_MODEL = _call(_V2, "GPUModelRunner.capture_model")
 #: the V2 runner's KV-cache set-up (``kv_cache_config``, passed through), after which the runner checks that this
 #: vLLM's V2 block tables hold a model without a KV cache: ``BlockTables.apply_staged_writes`` with no KV-cache
-#: group returns at once in vLLM 0.32+ and asserts in 0.26 (the H200, 2026-12-02: vLLM-Omni's Qwen3TTSCode2Wav)
+#: group returns at once in vLLM 0.32+ and asserts in 0.26 (vLLM-Omni's Qwen3TTSCode2Wav)
 V2_INITIALIZE_KV_CACHE = _call(_V2, "GPUModelRunner.initialize_kv_cache", "kv_cache_config")
 V2_BLOCK_TABLES_STAGED_WRITES = _call("vllm.v1.worker.gpu.block_table", "BlockTables.apply_staged_writes")
 V2_BLOCK_TABLES_ATTR = _attr(_V2, "GPUModelRunner.block_tables")
@@ -249,8 +249,26 @@ V2_SYMBOLS: tuple[VendorSymbol, ...] = (
 )
 """Every vLLM V2 symbol :mod:`core.runner.model_state` and :mod:`core.runner.v2` rely on."""
 
+# ------------------------------------------------------------------ serving (core/serving/): vLLM's OpenAI-server pieces
+#: the OpenAI-style error body and model list (0.32+: ``vllm.entrypoints.serve.engine.protocol``; 0.26:
+#: ``vllm.entrypoints.openai.engine.protocol``), resolved at call time
+OPENAI_ERROR_RESPONSE = VendorSymbol(
+    "vllm.entrypoints.serve.engine.protocol", "ErrorResponse", kind="attribute", defined_at=_here(1),
+    alternatives=(VendorSymbol("vllm.entrypoints.openai.engine.protocol", "ErrorResponse", kind="attribute"),))
+OPENAI_MODEL_CARD = VendorSymbol(
+    "vllm.entrypoints.serve.engine.protocol", "ModelCard", kind="attribute", defined_at=_here(1),
+    alternatives=(VendorSymbol("vllm.entrypoints.openai.engine.protocol", "ModelCard", kind="attribute"),))
+OPENAI_MODEL_LIST = VendorSymbol(
+    "vllm.entrypoints.serve.engine.protocol", "ModelList", kind="attribute", defined_at=_here(1),
+    alternatives=(VendorSymbol("vllm.entrypoints.openai.engine.protocol", "ModelList", kind="attribute"),))
+#: vLLM's Prometheus stat logger, one subclass per stage (core.serving.metrics): an ``AggregateStatLoggerBase``
+#: subclass is what ``StatLoggerManager`` builds as the engine's Prometheus logger instead of its default one
+PROMETHEUS_STAT_LOGGER = _call("vllm.v1.metrics.loggers", "PrometheusStatLogger", "vllm_config", "engine_indexes",
+                               kind="class")
+SERVING_SYMBOLS = (OPENAI_ERROR_RESPONSE, OPENAI_MODEL_CARD, OPENAI_MODEL_LIST, PROMETHEUS_STAT_LOGGER)
+
 SYMBOLS: tuple[VendorSymbol, ...] = (*IMPORTED, *ENGINE_SYMBOLS, *PIPELINE_SYMBOLS, *GRAPH_SYMBOLS, *V1_SYMBOLS,
-                                     *V2_SYMBOLS, *MROPE_SYMBOLS)
+                                     *V2_SYMBOLS, *MROPE_SYMBOLS, *SERVING_SYMBOLS)
 """Every vLLM symbol the core binds (what ``check-drift`` resolves from :data:`CONTRACT`)."""
 
 #: executors that receive ``sample_tokens``' output and unwrap an async one.
@@ -285,8 +303,7 @@ V1_EDGES = (
 #: ``forward`` (the model instance's ``forward`` wrapped once by
 #: ``core.model_io.ModelOutputAdapter``, installed by ``load_model``; no module hook):
 #: ``_dummy_run`` (profile, warm-up, capture), graph capture and compiled runs get a
-#: tensor. (At 1543e5a: only calls inside ``_model_forward``; until 2026-12-02 a forward
-#: hook, which a direct ``model.forward(`` bypassed.)
+#: tensor.
 MODEL_OUTPUT_ADAPTER = ModelCallCoverage(
     forms=("self.model(", "partial(self.model", "model("),
     by="core.model_io.ModelOutputAdapter (the model instance's forward, wrapped once)",
@@ -294,7 +311,7 @@ MODEL_OUTPUT_ADAPTER = ModelCallCoverage(
 )
 #: the V1 and V2 async wrapper: a real subclass of the installed
 #: ``AsyncModelRunnerOutput``, every abstract method delegated
-#: (``core.model_io.omni_async_output_cls``). (At 1543e5a: a plain class, duck-typed on ``get_output``.)
+#: (``core.model_io.omni_async_output_cls``).
 ASYNC_OUTPUT = AsyncOutputContract(
     base=ASYNC_MODEL_RUNNER_OUTPUT, executors=EXECUTORS, recognised_by="isinstance", implements=None,
     ours="core/model_io.py:omni_async_output_cls",
@@ -340,29 +357,9 @@ V2 = V2RunnerContract(
     state_hook=None,  # the runner composes the omni state with the state vLLM / the platform built (core.runner.v2)
 )
 
-
-__all__ = ["ASYNC_OUTPUT", "CONTRACT", "IMPORTED", "MODEL_CALL_FORMS", "MODEL_OUTPUT_ADAPTER", "ROOT", "SYMBOLS", "V1",
-           "V1_SEAMS", "V1_SYMBOLS", "V2", "V2_RUNNER_SEAMS", "V2_STATE_SEAMS", "V2_SYMBOLS"]
-
-# ------------------------------------------------------------------ serving (core/serving/): vLLM's OpenAI-server pieces
-#: the OpenAI-style error body and model list (0.32+: ``vllm.entrypoints.serve.engine.protocol``; 0.26:
-#: ``vllm.entrypoints.openai.engine.protocol``), resolved at call time
-OPENAI_ERROR_RESPONSE = VendorSymbol(
-    "vllm.entrypoints.serve.engine.protocol", "ErrorResponse", kind="attribute", defined_at=_here(1),
-    alternatives=(VendorSymbol("vllm.entrypoints.openai.engine.protocol", "ErrorResponse", kind="attribute"),))
-OPENAI_MODEL_CARD = VendorSymbol(
-    "vllm.entrypoints.serve.engine.protocol", "ModelCard", kind="attribute", defined_at=_here(1),
-    alternatives=(VendorSymbol("vllm.entrypoints.openai.engine.protocol", "ModelCard", kind="attribute"),))
-OPENAI_MODEL_LIST = VendorSymbol(
-    "vllm.entrypoints.serve.engine.protocol", "ModelList", kind="attribute", defined_at=_here(1),
-    alternatives=(VendorSymbol("vllm.entrypoints.openai.engine.protocol", "ModelList", kind="attribute"),))
-#: vLLM's Prometheus stat logger, one subclass per stage (core.serving.metrics): an ``AggregateStatLoggerBase``
-#: subclass is what ``StatLoggerManager`` builds as the engine's Prometheus logger instead of its default one
-PROMETHEUS_STAT_LOGGER = _call("vllm.v1.metrics.loggers", "PrometheusStatLogger", "vllm_config", "engine_indexes",
-                               kind="class")
-SERVING_SYMBOLS = (OPENAI_ERROR_RESPONSE, OPENAI_MODEL_CARD, OPENAI_MODEL_LIST, PROMETHEUS_STAT_LOGGER)
-SYMBOLS = (*SYMBOLS, *SERVING_SYMBOLS)
-
 CONTRACT = SeamContract(name="core", root=ROOT, v1=V1, v2=V2, symbols=SYMBOLS, patches=PATCHES)
 """The core's seam contract (entry point ``omni_backends.seam_contracts``: ``core``): symbols, seams, and the
 patches of live vLLM objects (:data:`core.patches.PATCHES`)."""
+
+__all__ = ["ASYNC_OUTPUT", "CONTRACT", "IMPORTED", "MODEL_CALL_FORMS", "MODEL_OUTPUT_ADAPTER", "ROOT", "SYMBOLS", "V1",
+           "V1_SEAMS", "V1_SYMBOLS", "V2", "V2_RUNNER_SEAMS", "V2_STATE_SEAMS", "V2_SYMBOLS"]

@@ -2,9 +2,8 @@
 
 vLLM reserves ``gpu_memory_utilization`` (default 0.9) of the whole device per engine. Every engine this project
 starts (the pipeline's stages, the engine tests, the conformance kit's engine check) is sized here instead, so
-several share one GPU -- and none grabs 90 % of it: the kit's engine check at vLLM's default next to other
-engines left the H200 with 1.94 GiB free, and the engines starting then failed in vLLM's ``request_memory``
-check or in ``cublasCreate`` (issue 21).
+several share one GPU -- and none grabs 90 % of it (engines started next to one at vLLM's default fail in
+vLLM's ``request_memory`` check or in ``cublasCreate``; ``docs/core-runner.md``).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import functools
 import logging
 from itertools import repeat
 from operator import add, gt, sub
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 import numpy as np
 import torch
@@ -50,6 +50,20 @@ FINISHED_MTP_RECORD = 256
 
 #: events an :class:`OmniHooks` records its steps' device-to-host copies with, in turn (``_record_fence``)
 FENCE_EVENTS = 4
+
+
+class MtpRow(NamedTuple):
+    """One decode row the talker MTP runs on this step (what ``preprocess`` returned for it): the request,
+    the row's offset in the batch's flattened tokens, and the MTP's inputs -- the row's ``input_ids`` and
+    ``inputs_embeds`` as ``preprocess`` returned them, ``last_hidden`` ``[1, H]`` (the talker's last hidden
+    state) and ``text_step`` ``[1, H]`` (from ``update["mtp_inputs"]``)."""
+
+    req_id: str
+    start: int
+    input_ids: torch.Tensor
+    inputs_embeds: torch.Tensor
+    last_hidden: Any
+    text_step: Any
 
 
 class OmniHooks:
@@ -266,7 +280,7 @@ class OmniHooks:
         pre = self.contract.preprocess
         if pre is None:
             return
-        mtp_rows: list[tuple[int, str, int, torch.Tensor, torch.Tensor, Any, Any]] = []
+        mtp_rows: list[MtpRow] = []
         for i, req_id in enumerate(batch.req_ids):
             if req_id in self._foreign:
                 continue  # vLLM's own request: its rows stay the token embeddings
@@ -276,7 +290,7 @@ class OmniHooks:
             update = dict(update or {})
             if self.talker_mtp is not None and batch.is_decode_row(i) and "mtp_inputs" in update:
                 last_hidden, text_step = update.pop("mtp_inputs")
-                mtp_rows.append((i, req_id, s, ids_out, emb_out, last_hidden, text_step))
+                mtp_rows.append(MtpRow(req_id, s, ids_out, emb_out, last_hidden, text_step))
             self.payloads.put(req_id, update)
             n = min(e - s, int(emb_out.shape[0]))
             inputs_embeds[s : s + n].copy_(emb_out[:n].reshape(n, -1).to(inputs_embeds.dtype))
@@ -286,7 +300,7 @@ class OmniHooks:
             self.run_talker_mtp(mtp_rows, inputs_embeds)
 
     # --------------------------------------------------------- talker MTP
-    def run_talker_mtp(self, rows: list, inputs_embeds: torch.Tensor) -> None:
+    def run_talker_mtp(self, rows: list[MtpRow], inputs_embeds: torch.Tensor) -> None:
         """Once per decode row, before the forward: ``talker_mtp`` on the rows'
         ids, embeds, ``last_talker_hidden`` and ``text_step`` (from
         ``preprocess``'s ``mtp_inputs``); its embeds replace the rows of
@@ -295,18 +309,18 @@ class OmniHooks:
         mtp, c = self.talker_mtp, self.contract
         assert mtp is not None
         dev = inputs_embeds.device
-        ids = torch.cat([r[3].reshape(-1)[:1] for r in rows]).to(dev)
-        embeds = torch.cat([r[4].reshape(1, -1) for r in rows])
-        hidden = torch.cat([r[5].reshape(1, -1) for r in rows])
-        text = torch.cat([r[6].reshape(1, -1) for r in rows])
-        gens = [request_generator(self._mtp_seeds.get(r[1]), dev, self._mtp_generators, r[1]) for r in rows]
+        ids = torch.cat([r.input_ids.reshape(-1)[:1] for r in rows]).to(dev)
+        embeds = torch.cat([r.inputs_embeds.reshape(1, -1) for r in rows])
+        hidden = torch.cat([r.last_hidden.reshape(1, -1) for r in rows])
+        text = torch.cat([r.text_step.reshape(1, -1) for r in rows])
+        gens = [request_generator(self._mtp_seeds.get(r.req_id), dev, self._mtp_generators, r.req_id) for r in rows]
         kwargs = dict(self.mtp_sampling) or {"do_sample": None, "temperature": None, "top_k": None, "top_p": None}
         if len(rows) == 1 and gens[0] is not None:
             kwargs["generator"] = gens[0]
         elif any(g is not None for g in gens):
             kwargs["generators"] = gens
         out_embeds, codes = mtp(ids, embeds, hidden, text, **kwargs)
-        starts = torch.tensor([r[2] for r in rows], device=dev)
+        starts = torch.tensor([r.start for r in rows], device=dev)
         inputs_embeds.index_copy_(0, starts, out_embeds.to(inputs_embeds.dtype))
         cat, qual = c.talker_mtp_output_key
         for j, r in enumerate(rows):
@@ -314,8 +328,8 @@ class OmniHooks:
             if c.talker_mtp_validity_key is not None:
                 vcat, vqual = c.talker_mtp_validity_key
                 update.setdefault(vcat, {})[vqual] = torch.ones((), dtype=torch.bool, device=codes.device)
-            self.payloads.put(r[1], update)
-            self.mtp_calls[r[1]] = self.mtp_calls.get(r[1], 0) + 1
+            self.payloads.put(r.req_id, update)
+            self.mtp_calls[r.req_id] = self.mtp_calls.get(r.req_id, 0) + 1
 
     # ---------------------------------------------------- build_extra_kwargs
     def build_extra_kwargs(self, batch: BatchView, **runner_kwargs: Any) -> dict[str, Any]:
@@ -402,7 +416,8 @@ class OmniHooks:
         qsl = _ints(batch.query_start_loc, n + 1)
         num_tokens = qsl[-1] if n else 0
         starts, ends = qsl[:-1], qsl[1:]
-        # C-level maps over the batch: rows emitted before, the new watermark (position after this step's rows)
+        # rows emitted before, the new watermark (position after this step's rows): C-level maps over the batch,
+        # as measured in bench/RESULTS.md (decode overhead history: the per-step cost, "C-level maps")
         first = _ints(batch.num_computed, n)
         done = list(map(emitted.get, req_ids, repeat(0, n)))
         upto = map(add, first, map(sub, ends, starts))

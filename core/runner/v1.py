@@ -15,8 +15,6 @@ graph policy (the talker MTP's graphs) is :mod:`core.hooks.graphs`.
 
 from __future__ import annotations
 
-from itertools import repeat
-from operator import attrgetter, is_
 from typing import Any
 
 import numpy as np
@@ -31,7 +29,6 @@ from core.model_io import ModelOutputAdapter, omni_runner_output, prompt_embeds_
 from omni_backends.backend import Backend
 
 
-_OUTPUT_TOKEN_IDS = attrgetter("output_token_ids")
 #: ``_omni_batch`` of a real step whose batch view is built after the forward (a lean model, see ``load_model``)
 _AFTER_FORWARD = object()
 #: the extra model kwargs the AR runner hands the hooks (``OmniHooks.build_extra_kwargs``)
@@ -94,8 +91,8 @@ class OmniV1RunnerMixin:
         """``[num_tokens, H]``: the persistent ``inputs_embeds`` buffer as it is -- what vLLM's own dummy run
         passes for a model taking prompt embeddings. Nothing is written into it here: a FULL graph captured
         from this call must read the buffer the real step's ``preprocess`` (and talker MTP) filled, not
-        recompute the token embeddings over it (the H200, 2026-12-02: the Qwen3-TTS talker's decode codes
-        went wrong under FULL_AND_PIECEWISE when the dummy run filled it)."""
+        recompute the token embeddings over it (a dummy run that filled it made the Qwen3-TTS talker's decode
+        codes wrong under FULL_AND_PIECEWISE; ``docs/core-runner.md``)."""
         return self.inputs_embeds.gpu[: input_ids.shape[0]]
 
     def _omni_mtp_runner(self, head: Any, eager: Any, hidden_size: int) -> Any:
@@ -134,8 +131,10 @@ class OmniV1RunnerMixin:
         if not self._omni_request_facts:
             return view
         reqs = list(map(self.requests.get, view.req_ids))
-        outputs = list(map(_OUTPUT_TOKEN_IDS, reqs)) if not any(map(is_, reqs, repeat(None))) else \
-            [r.output_token_ids if r is not None else () for r in reqs]
+        if None in reqs:  # a request vLLM no longer holds has no tokens
+            outputs = [r.output_token_ids if r is not None else () for r in reqs]
+        else:
+            outputs = [r.output_token_ids for r in reqs]
         view.num_output = np.fromiter(map(len, outputs), dtype=np.int64, count=n)
         if self.omni_hooks.uses_preprocess:
             view.max_tokens = [getattr(r.sampling_params, "max_tokens", None) if r is not None else None

@@ -96,7 +96,7 @@ CUDA_DEVICE_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+(/\d+/\d+)?$")
 
 
 #: vLLM releases the driver (and the core's seams, ``core.seams``) supports: 0.26 (torch 2.11, the newest
-#: vLLM built for it; what runs on the lent H200) through 0.33 (torch 2.14). Keep in step with the ``[cuda]`` extra.
+#: vLLM built for it) through 0.33 (torch 2.14). Keep in step with the ``[cuda]`` extra.
 VLLM_WINDOW = ">=0.26,<0.34"
 #: torch releases those vLLM builds pin: 2.11 (0.26), 2.13 (0.27-0.32), 2.14 (0.33).
 TORCH_WINDOW = ">=2.11,<2.15"
@@ -297,14 +297,9 @@ class CudaBackend(TorchAcceleratorBackend, VllmUpstreamBackend):
         return {"VLLM_TARGET_DEVICE": "cuda"}
 
     def vllm_env_defaults(self) -> dict[str, str]:
-        """``VLLM_USE_AOT_COMPILE=0``: vLLM's AOT compile cache off, Inductor's own compile cache kept.
-
-        Measured on the H200 (vLLM 0.26.0, torch 2.11, 2026-12-01/02, ``docs/verification.md``): an
-        engine of a model whose compiled decoder takes ``inputs_embeds`` with ``input_ids=None`` (the demo
-        talker) started from a warm AOT cache fails in its first dummy run at the first GEMM of the loaded graph
-        (``CUBLAS_STATUS_INTERNAL_ERROR`` in ``cublasCreate``, or ``..._EXECUTION_FAILED`` when a cuBLAS handle
-        exists): 4 of 4 main jobs after the first, and every warm probe. Cold starts and the thinker's warm
-        starts pass. With AOT compile off, five main jobs back to back all exit 0 with identical ``out.wav``
-        and warm engine starts of 31-43 s. Newer vLLM versions are not measured: the default stays until one
-        is. A user's ``VLLM_USE_AOT_COMPILE`` wins."""
+        """``VLLM_USE_AOT_COMPILE=0``: vLLM's AOT compile cache off, Inductor's own compile cache kept. On
+        vLLM 0.26, an engine of a model whose compiled decoder takes ``inputs_embeds`` with ``input_ids=None``
+        (the demo talker) started from a warm AOT cache fails in its first dummy run (cuBLAS errors at the
+        first GEMM of the loaded graph); ``docs/cuda.md`` and ``docs/verification.md`` hold the measurements.
+        A user's ``VLLM_USE_AOT_COMPILE`` wins."""
         return {"VLLM_USE_AOT_COMPILE": "0"}
