@@ -16,13 +16,17 @@ vLLM-Omni's fallback computes for a prompt without vision tokens: ``arange(n)`` 
 delta 0 (vLLM then continues decode positions from the context length, the same on every channel). A prompt
 with multimodal features gets one clear error instead (its positions depend on the model's grids). Called
 by the V1 runner's ``load_model`` and around the V2 runner's (:func:`text_mrope_on_model_state`) before vLLM
-builds its model state. The vLLM symbols are declared in :mod:`core.seams` (``MROPE_SYMBOLS``).
+builds its model state. The vLLM symbols are declared in :mod:`core.seams` (``MROPE_SYMBOLS``); the two changes
+of vLLM objects are the patches :mod:`core.patches.model_mrope_interface` and :mod:`core.patches.v2_init_model_state`.
 """
 
 from __future__ import annotations
 
 import contextlib
 from typing import Any, Iterator
+
+from core.patches.model_mrope_interface import give_mrope_interface
+from core.patches.v2_init_model_state import replaced_init_model_state
 
 
 class MRoPEFeaturesUnsupportedError(ValueError):
@@ -65,8 +69,7 @@ def provide_text_mrope_positions(model: Any, model_config: Any) -> bool:
     def get_mrope_input_positions(input_tokens: Any, mm_features: Any = (), **_: Any) -> tuple[Any, int]:
         return text_mrope_positions(input_tokens, mm_features, num_dims)
 
-    model.supports_mrope = True
-    model.get_mrope_input_positions = get_mrope_input_positions
+    give_mrope_interface(model, get_mrope_input_positions)  # the patch core.patches.model_mrope_interface
     return True
 
 
@@ -79,22 +82,16 @@ def text_mrope_on_model_state(vllm_config: Any) -> Iterator[None]:
     if not getattr(getattr(vllm_config, "model_config", None), "uses_mrope", False):
         yield
         return
-    import importlib
 
-    from core.seams import V2_RUNNER_INIT_MODEL_STATE
+    def wrap(original: Any) -> Any:
+        def init_model_state(config: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
+            provide_text_mrope_positions(model, config.model_config)
+            return original(config, model, *args, **kwargs)
 
-    module = importlib.import_module(V2_RUNNER_INIT_MODEL_STATE.module)
-    original = getattr(module, V2_RUNNER_INIT_MODEL_STATE.attr)
+        return init_model_state
 
-    def init_model_state(config: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
-        provide_text_mrope_positions(model, config.model_config)
-        return original(config, model, *args, **kwargs)
-
-    setattr(module, V2_RUNNER_INIT_MODEL_STATE.attr, init_model_state)
-    try:
+    with replaced_init_model_state(wrap):  # the patch core.patches.v2_init_model_state
         yield
-    finally:
-        setattr(module, V2_RUNNER_INIT_MODEL_STATE.attr, original)
 
 
 __all__ = ["MRoPEFeaturesUnsupportedError", "needs_text_mrope_positions", "provide_text_mrope_positions",

@@ -24,6 +24,8 @@ import os
 import sys
 
 from core.patches import PATCHES
+from core.patches.model_mrope_interface import MROPE_INPUT_POSITIONS, V1_INIT_MROPE_POSITIONS, V2_ROPE_STATE_INIT
+from core.patches.v2_init_model_state import V2_RUNNER_INIT_MODEL_STATE
 from omni_backends.binding import (
     MODEL_CALL_FORMS,
     AsyncOutputContract,
@@ -222,20 +224,7 @@ REQUIRES_RAW_INPUT_TOKENS = _call("vllm.model_executor.models.interfaces", "requ
 #: ``SupportsMRoPE`` protocol: ``supports_mrope`` and ``get_mrope_input_positions`` on the instance), then
 #: ``model.get_mrope_input_positions(input_tokens, mm_features)`` -- V1 ``_init_mrope_positions``, V2 ``RopeState``
 SUPPORTS_MROPE = _call("vllm.model_executor.models.interfaces", "supports_mrope", "model")
-MROPE_INPUT_POSITIONS = _call("vllm.model_executor.models.interfaces", "SupportsMRoPE.get_mrope_input_positions",
-                              "input_tokens", "mm_features")
-V1_INIT_MROPE_POSITIONS = VendorSymbol(_V1, "GPUModelRunner._init_mrope_positions", params=("req_state",),
-                                       required=("req_state",), mentions=("get_mrope_input_positions",),
-                                       defined_at=_here(1))
-V2_ROPE_STATE_INIT = VendorSymbol("vllm.v1.worker.gpu.mm.rope", "RopeState.init_prefill_positions",
-                                  params=("req_idx", "model", "prefill_token_ids", "mm_features"),
-                                  required=("req_idx", "model", "prefill_token_ids", "mm_features"),
-                                  mentions=("get_mrope_input_positions",), defined_at=_here(1))
-#: the V2 runner's module-level ``init_model_state`` (what its ``load_model`` calls once the model is built),
-#: replaced for the duration of the omni V2 runner's ``load_model`` when the config declares M-RoPE
-#: (``core.mrope.text_mrope_on_model_state``)
-V2_RUNNER_INIT_MODEL_STATE = VendorSymbol(_V2, "init_model_state", params=("vllm_config", "model"),
-                                          required=None, defined_at=_here(1))
+#: (the other four are declared by the patches that rely on them: core.patches.model_mrope_interface, .v2_init_model_state)
 MROPE_SYMBOLS = (SUPPORTS_MROPE, MROPE_INPUT_POSITIONS, V1_INIT_MROPE_POSITIONS, V2_ROPE_STATE_INIT,
                  V2_RUNNER_INIT_MODEL_STATE)
 

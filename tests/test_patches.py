@@ -60,7 +60,7 @@ VLLM_OWNED_ATTRS = {"forward", "compute_logits", "multimodal_outputs", "cudagrap
 #: names of vLLM objects the core handles: no attribute of them is assigned outside the patch homes
 VLLM_OBJECT_NAMES = {"model", "sampler", "vllm_config", "compilation_config", "model_config", "scheduler_config",
                      "parallel_config", "cache_config", "cc", "comp", "op", "processor", "queue", "decoder",
-                     "client", "engine", "llm", "runner", "worker"}
+                     "client", "engine", "llm", "runner", "worker", "module"}
 
 
 def _root_name(node: ast.expr) -> str | None:

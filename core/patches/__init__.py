@@ -17,6 +17,8 @@ Importing this package imports neither torch nor vLLM (``check-drift`` reads :da
 |---|---|
 | :mod:`~core.patches.worker_runner` | the worker's ``model_runner``: vLLM's runner replaced by the omni runner |
 | :mod:`~core.patches.model_state_class` | the V2 runner's ``model_state``: class swapped to the omni-composed class |
+| :mod:`~core.patches.v2_init_model_state` | the V2 runner module's ``init_model_state``: wrapped during ``load_model`` |
+| :mod:`~core.patches.model_mrope_interface` | a model without ``SupportsMRoPE``: given the interface (text positions) |
 | :mod:`~core.patches.model_forward` | the model instance's ``forward``: wrapped by the output adapter |
 | :mod:`~core.patches.compute_logits` | a generation model's ``compute_logits``: ``None`` becomes zero logits |
 | :mod:`~core.patches.compilation_config` | ``vllm_config.compilation_config``: graph mode lowered, input copies on |
@@ -35,17 +37,20 @@ from core.patches import (
     compute_logits,
     engine_core_decoder,
     model_forward,
+    model_mrope_interface,
     model_state_class,
     output_processor_class,
     request_output_collector_class,
     request_output_field,
     request_state_class,
+    v2_init_model_state,
     worker_runner,
 )
 from omni_backends import patches as driver_patches
 
 PATCHES = (
-    worker_runner.PATCH, model_state_class.PATCH, model_forward.PATCH, compute_logits.PATCH,
+    worker_runner.PATCH, model_state_class.PATCH, v2_init_model_state.PATCH, model_mrope_interface.PATCH,
+    model_forward.PATCH, compute_logits.PATCH,
     compilation_config.PATCH, output_processor_class.PATCH, request_state_class.PATCH,
     request_output_collector_class.PATCH, request_output_field.PATCH, engine_core_decoder.PATCH,
     driver_patches.PATCH,
