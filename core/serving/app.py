@@ -7,6 +7,8 @@
   A stage failure before the first byte is a 503; after it, an SSE ``error`` event (raw PCM: the connection is
   cut, so the body is incomplete). A client that goes away aborts its request in every stage: the synthesize
   iterator is cancelled / closed (the stage graph's contract).
+- every request passes :mod:`core.serving.request_limits` first (body limit -> 413, a route's escaped failure ->
+  an OpenAI-style 500, both counted); bodies decode through its ``decode_json`` (400 for what cannot be used);
 - ``GET /v1/audio/voices``, ``GET /v1/models``, ``GET /health`` (503 once a stage died, or while draining),
   ``GET /metrics`` (:mod:`core.serving.metrics`).
 
@@ -31,6 +33,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from core.serving.metrics import CONTENT_TYPE, ServingMetrics
 from core.serving.protocol import ApiError, SpeechOptions, bad_request, graph_refusal, parse_speech, voice_names
+from core.serving.request_limits import DEFAULT_MAX_BODY_BYTES, SPEECH_PATH, decode_json, install
 from omni_backends.errors import BadInputError, StageFailedError
 
 #: media types of the two audio encodings
@@ -51,6 +54,8 @@ class ServerState:
     on_stage_dead: Callable[[str], None] | None = None
     #: the stage graph's request class (``core.pipeline.graph.SpeechRequest``); None: imported on first use
     request_cls: Any = None
+    #: request bodies over this many bytes are 413, read no further (``--max-body-bytes``)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
 #: the end of a synthesis, in a request's queue
@@ -165,16 +170,15 @@ class SpeechHandler:
             return error_response(ApiError(HTTPStatus.SERVICE_UNAVAILABLE, "this server is shutting down; "
                                            "send the request to another instance"))
         try:
-            try:
-                body = json.loads(await request.body())
-            except ValueError as exc:
-                raise bad_request(f"the request body is not valid JSON ({exc})") from exc
+            body = decode_json(await request.body())
             opts = parse_speech(body, model_name=self.state.model_name, num_voices=int(self.graph.num_voices))
             req = self._request(opts, f"speech-{uuid.uuid4().hex}")
             try:
                 self.graph.check(req)
             except BadInputError as exc:
                 raise graph_refusal(exc) from exc
+            except (TypeError, ValueError, UnicodeError) as exc:  # e.g. the tokenizer refused the text
+                raise bad_request(f"'input' cannot be tokenized: {type(exc).__name__}: {exc}", "input") from exc
         except ApiError as exc:
             m.finished("bad_request")
             return error_response(exc)
@@ -329,8 +333,10 @@ def build_app(graph: Any, state: ServerState) -> FastAPI:
                   docs_url=None, redoc_url=None)
     app.state.serving = state
     speech = SpeechHandler(graph, state)
+    install(app, state.max_body_bytes, lambda path, outcome: state.metrics.finished(outcome)
+            if path == SPEECH_PATH else None)
 
-    @app.post("/v1/audio/speech")
+    @app.post(SPEECH_PATH)
     async def create_speech(request: Request) -> Response:
         return await speech(request)
 

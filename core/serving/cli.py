@@ -26,7 +26,7 @@ Example:
   curl -s localhost:8000/v1/audio/speech -H 'Content-Type: application/json' \\
        -d '{"model": "omni-demo", "input": "Hello!", "voice": "voice-0"}' -o hello.wav
 
-SIGTERM drains (in-flight requests finish) and exits 0; a stage engine that
+SIGTERM drains (new requests get 503 while in-flight ones finish) and exits 0; a stage engine that
 dies fails its requests with 503 and the server exits with status 3.
 """
 
@@ -39,6 +39,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     cfg = ServeConfig(device=args.device, host=args.host, port=args.port, model_dir=args.model_dir,
                       chunk_frames=args.chunk_frames, max_concurrency=args.max_concurrency,
                       model_name=args.served_model_name, drain_timeout=args.drain_timeout,
+                      max_body_bytes=args.max_body_bytes,
                       enforce_eager=True if args.enforce_eager else None, graph_mode=args.graph_mode,
                       runner=args.runner, seed=args.seed)
     return asyncio.run(serve(cfg))
@@ -46,6 +47,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def add_serve_command(sub: Any) -> None:
     """Add ``serve`` to ``omni-backends``' sub-parsers."""
+    from core.serving.request_limits import DEFAULT_MAX_BODY_BYTES
     from core.serving.server import DEFAULT_CHUNK_FRAMES
     from omni_backends.cli import add_device_argument
 
@@ -63,6 +65,8 @@ def add_serve_command(sub: Any) -> None:
                    help="the model name clients send and /v1/models lists (default: %(default)s)")
     p.add_argument("--drain-timeout", type=float, default=60.0,
                    help="seconds SIGTERM waits for in-flight requests before stopping (default: %(default)s)")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
+                   help="request bodies over N bytes are answered 413 and read no further (default: %(default)s)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="no compilation, no graphs (vLLM's enforce_eager); default: the device's (as run)")
     p.add_argument("--graph-mode", default=None, metavar="MODE",

@@ -84,7 +84,8 @@ class ServingMetrics:
 
     - ``omni_serve:time_to_first_audio_seconds`` (histogram), ``omni_serve:real_time_factor`` (histogram),
     - ``omni_serve:requests_in_flight`` (gauge), ``omni_serve:requests_total{outcome}`` (counter; outcome
-      ``ok``, ``bad_request``, ``rejected`` (429), ``aborted`` (client gone), ``failed`` (a stage failed)),
+      ``ok``, ``bad_request``, ``too_large`` (413), ``rejected`` (429), ``aborted`` (client gone), ``failed`` (a
+      stage failed, or the server did)),
     - ``omni_serve:audio_seconds_total`` (counter).
     """
 

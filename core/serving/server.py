@@ -6,8 +6,9 @@ Lifecycle (:func:`serve`):
    value or a busy port fails at once, nothing started);
 2. the stage graph starts (``StageGraph.start``: three ``AsyncLLM`` engines, concurrently);
 3. uvicorn serves the app (:func:`core.serving.app.build_app`) on the bound socket;
-4. SIGTERM (or SIGINT) drains: no new requests (503), the in-flight ones finish (up to ``drain_timeout``
-   seconds), the graph shuts down, exit status 0 (130 for SIGINT);
+4. SIGTERM (or SIGINT) drains (:class:`core.serving.draining.DrainingServer`): the server keeps listening, new
+   speech requests and ``/health`` answer 503, the in-flight ones finish (up to ``drain_timeout`` seconds), then
+   uvicorn stops, the graph shuts down, exit status 0 (130 for SIGINT); a second signal stops at once;
 5. a stage whose engine died (the graph's ``dead_stage``, polled every 0.2 s and seen by every request): its
    in-flight requests fail with 503 (the graph raises ``StageFailedError`` for them), ``/health`` answers 503,
    the server stops and exits with status 3 (``EXIT_RUN_FAILED``) -- within :data:`DEAD_EXIT_S` seconds even
@@ -27,6 +28,7 @@ import time
 from typing import Any, Callable
 
 from core.pipeline.config import DEFAULT_CHUNK_FRAMES, RunConfig
+from core.serving.request_limits import DEFAULT_MAX_BODY_BYTES
 from omni_backends.errors import BadInputError
 
 #: the longest a server with a dead stage takes to exit after noticing it (seconds), whatever hangs
@@ -43,6 +45,7 @@ class ServeConfig:
     (``None``: the cache, created on first use); ``chunk_frames``: talker frames per code2wav chunk (>= 1);
     ``max_concurrency``: speech requests in flight before 429 (>= 1); ``model_name``: the served model name
     (``/v1/models``, a request's ``model``); ``drain_timeout``: seconds SIGTERM waits for in-flight requests;
+    ``max_body_bytes``: request bodies over it are 413, read no further (>= 1);
     ``enforce_eager`` / ``graph_mode`` / ``runner`` / ``seed``: the engines' options, as ``RunConfig``'s.
     Every value is checked when made (:class:`BadInputError` naming the flag)."""
 
@@ -54,6 +57,7 @@ class ServeConfig:
     max_concurrency: int = 32
     model_name: str = "omni-demo"
     drain_timeout: float = 60.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     enforce_eager: bool | None = None
     graph_mode: str | None = None
     runner: str = "auto"
@@ -65,7 +69,8 @@ class ServeConfig:
     def check(self) -> None:
         """Types and ranges, no file system, no vLLM; raises :class:`BadInputError` naming the flag."""
         for name, flag, lo, hi in (("port", "--port", 0, 65535), ("chunk_frames", "--chunk-frames", 1, 4096),
-                                   ("max_concurrency", "--max-concurrency", 1, 100000)):
+                                   ("max_concurrency", "--max-concurrency", 1, 100000),
+                                   ("max_body_bytes", "--max-body-bytes", 1, 1 << 40)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
                 raise BadInputError(f"{name} ({flag}) must be an integer in {lo}..{hi}, got {value!r}")
@@ -134,12 +139,15 @@ class _Lifecycle:
 
 
 async def _watch(graph: Any, life: _Lifecycle, state: Any) -> None:
-    """Until the server stops: mark draining once it is asked to stop; report a dead stage."""
+    """Until the server stops: say when it starts draining (a signal, or asked to stop); report a dead stage."""
+    announced = False
     while True:
         server = life.server
-        if server is not None and server.should_exit and not state.draining:
+        if server is not None and server.should_exit:
             state.draining = True
-            life.say("draining: finishing the requests in flight, refusing new ones")
+        if state.draining and not announced:
+            announced = True
+            life.say(f"draining: finishing the {state.in_flight} request(s) in flight, answering new ones 503")
         stage = graph.dead_stage
         if stage is not None:
             life.stage_dead(stage)
@@ -156,6 +164,7 @@ async def serve(cfg: ServeConfig, say: Callable[[str], None] | None = None) -> i
 
     from core.pipeline.graph import GraphConfig, StageGraph
     from core.serving.app import ServerState, build_app
+    from core.serving.draining import DrainingServer
     from core.serving.metrics import ServingMetrics, stage_stat_logger
     from omni_backends.registry import select
 
@@ -185,12 +194,13 @@ async def serve(cfg: ServeConfig, say: Callable[[str], None] | None = None) -> i
         sock.close()
         raise
     state = ServerState(model_name=cfg.model_name, max_concurrency=cfg.max_concurrency,
-                        metrics=ServingMetrics(registries), on_stage_dead=life.stage_dead)
+                        metrics=ServingMetrics(registries), on_stage_dead=life.stage_dead,
+                        max_body_bytes=cfg.max_body_bytes)
     try:
         app = build_app(graph, state)
         config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=cfg.drain_timeout,
                                 timeout_keep_alive=5)
-        server = uvicorn.Server(config)
+        server = DrainingServer(config, state, cfg.drain_timeout, say)
         life.server = server
         old = {sig: signal.signal(sig, life.on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         watcher = asyncio.ensure_future(_watch(graph, life, state))

@@ -9,7 +9,9 @@ three resident AsyncLLM engines), started once for the module, and the ``openai`
 - a client that disconnects mid-stream: its request leaves every stage;
 - bad requests: one OpenAI-style 400 each, nothing started, the server keeps serving;
 - /metrics: vLLM's per-stage metrics and the server's own;
-- SIGTERM drains: the request in flight completes, exit status 0.
+- bodies it cannot use (nested too deep, a lone surrogate, over --max-body-bytes): one OpenAI-style 400 / 413 each,
+  counted in the metrics;
+- SIGTERM drains: new connections get 503 while the request in flight completes, exit status 0.
 """
 
 from __future__ import annotations
@@ -197,6 +199,24 @@ def test_a_bad_request_is_one_400_and_the_server_keeps_serving(server, body, par
     assert len(speech(server, max_tokens=2, response_format="pcm")) > 0
 
 
+@pytest.mark.parametrize("content, status, words", [
+    (b"[" * 100000, 400, "nested too deeply"),
+    (json.dumps({"model": MODEL, "input": "\udcff hello", "voice": "voice-0"}).encode(), 400, "lone surrogate"),
+    (b"x" * (2 << 20), 413, "--max-body-bytes"),
+])
+def test_a_body_the_server_cannot_use_is_an_openai_error_counted_in_the_metrics(server, content, status, words):
+    def requests_total() -> float:
+        with urllib.request.urlopen(f"{server.url}/metrics") as r:
+            return sum(float(line.split()[-1]) for line in r.read().decode().splitlines()
+                       if line.startswith("omni_serve:requests_total{"))
+
+    before = requests_total()
+    r = httpx.post(f"{server.url}/v1/audio/speech", content=content, headers={"content-type": "application/json"},
+                   timeout=60)
+    assert r.status_code == status and words in r.json()["error"]["message"], r.text[:500]
+    assert requests_total() == before + 1 and health(server)["status"] == "ok"
+
+
 def test_voices_models_and_metrics(server):
     with urllib.request.urlopen(f"{server.url}/v1/audio/voices") as r:
         voices = json.load(r)["voices"]
@@ -235,6 +255,14 @@ def test_sigterm_drains_the_request_in_flight_then_exits_0(served):
         time.sleep(0.05)
     assert health(server)["in_flight"] == 1
     server.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while health(server)["status"] != "draining" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # still listening while it drains: a new connection gets a 503 (go elsewhere), not a refused connection
+    refused = httpx.post(f"{server.url}/v1/audio/speech", json={"model": MODEL, "input": PROMPT, "voice": "voice-0"},
+                         timeout=60)
+    assert refused.status_code == 503 and refused.json()["error"]["type"] == "ServiceUnavailableError"
+    assert health(server)["in_flight"] == 1  # the long request is still running
     t.join(300)
     assert len(frames(got["wav"])) > 0  # the request in flight completed
     assert server.wait(120) == 0, server.tail()
