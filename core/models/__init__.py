@@ -9,7 +9,9 @@ imported until vLLM builds the model.
 - vLLM-Omni's Qwen3-TTS talker and code2wav, unchanged classes from the
   installed ``vllm-omni`` wheel (``core.models.qwen3_tts``, loaded without
   vLLM-Omni's patches by ``core.models.vllm_omni``), with the ``qwen3_tts``
-  config type; only when that wheel is installed.
+  config type; only when that wheel is installed and ``vllm_omni`` was not imported the normal way in the
+  process (a vLLM-Omni user's: vLLM-Omni's own plugin registers its classes there; ours then registers the
+  demo models only, never raising).
 """
 
 ARCHITECTURES = {
@@ -30,9 +32,12 @@ def register() -> None:
     from vllm.model_executor.models.registry import ModelRegistry
 
     from core.models import qwen3_tts
+    from core.models.vllm_omni import imported_normally
 
     archs = dict(ARCHITECTURES)
-    if qwen3_tts.register_config():
+    # in a process where vllm_omni was imported the normal way (a vLLM-Omni user's process: its own plugin
+    # registers its Qwen3-TTS), the bare loader cannot run: the demo architectures only, and no error
+    if not imported_normally() and qwen3_tts.register_config():
         archs.update({arch: f"core.models.qwen3_tts:{arch}" for arch in qwen3_tts.ARCHITECTURES})
     supported = set(ModelRegistry.get_supported_archs())
     for arch, qualname in archs.items():

@@ -129,6 +129,27 @@ def keep_plugin_out(env: MutableMapping[str, str] | None = None) -> str | None:
     return allow
 
 
+def imported_normally() -> bool:
+    """Whether ``vllm_omni`` was imported the normal way in this process (its ``__init__`` ran, and with it
+    ``patch.py``: vLLM's classes are replaced here), e.g. by a vLLM-Omni user's ``import vllm_omni`` or
+    ``from vllm_omni import Omni``; also after such an import failed part-way (``vllm_omni.patch`` loaded)."""
+    mod = sys.modules.get(PACKAGE)
+    if mod is not None and not getattr(mod, "__omni_bare__", False):
+        return True
+    return sys.modules.get(f"{PACKAGE}.patch") is not None
+
+
+def load_vllm_plugins() -> None:
+    """Load vLLM's general plugins in this process (vLLM's ``load_general_plugins``) with vLLM-Omni's kept out
+    first (:func:`keep_plugin_out`): whatever loads them first in a process that starts engines must come
+    through here, or vLLM-Omni's plugin imports ``vllm_omni`` and its patches apply to the engines. Raises
+    ``ValueError`` as :func:`keep_plugin_out` does."""
+    keep_plugin_out()
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+
+
 # ------------------------------------------------------------------ platform
 #: ``1``: vLLM-Omni's model code may ``torch.compile`` its inner modules with Inductor
 #: (``supports_torch_inductor()`` answers True, as vLLM-Omni's own CUDA platform does; e.g. the Qwen3-TTS code
@@ -325,6 +346,6 @@ def load_module(name: str, backend: Any = None, *, platform: bool = True) -> typ
 
 
 __all__ = [
-    "INNER_COMPILE_ENV", "VllmOmniNotInstalled", "host_omni_platform", "inner_compile_allowed", "installed_version",
-    "keep_plugin_out", "load_module", "plugin_allowlist",
+    "INNER_COMPILE_ENV", "VllmOmniNotInstalled", "host_omni_platform", "imported_normally", "inner_compile_allowed",
+    "installed_version", "keep_plugin_out", "load_module", "load_vllm_plugins", "plugin_allowlist",
 ]

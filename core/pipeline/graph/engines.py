@@ -162,10 +162,11 @@ async def start_engines(cfg: GraphConfig, backend: Any = None, say: Callable[[st
 
     # vLLM's load_general_plugins sets its "loaded" flag before it runs the plugins: engines built in threads
     # at once would see the flag while our plugin is still registering the omni architectures ("Model
-    # architectures [...] are not supported", seen in 2 of 3 concurrent starts). Load them here, once.
-    from vllm.plugins import load_general_plugins
+    # architectures [...] are not supported", seen in 2 of 3 concurrent starts). Load them here, once, with
+    # vLLM-Omni's plugin kept out first (its patches must not reach this process or the engines).
+    from core.models.vllm_omni import load_vllm_plugins
 
-    load_general_plugins()
+    load_vllm_plugins()
     say("starting the thinker, talker and code2wav engines at once")
     t_graph = time.perf_counter()
     heartbeat = asyncio.ensure_future(_say_while_starting(say, info, t_graph, graphs=not cfg.enforce_eager))
