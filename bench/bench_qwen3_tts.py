@@ -181,8 +181,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--seed must be in 0..{2**32 - 1}, got {args.seed}")
     if not args.text.strip():
         ap.error("--text must not be empty")
-    if args.model_dir is not None and not os.path.isfile(os.path.join(args.model_dir, "config.json")):
-        ap.error(f"--model-dir {args.model_dir}: no config.json there (omit --model-dir to write a checkpoint)")
+    if args.model_dir is not None:
+        from core.models.qwen3_tts import read_checkpoint
+
+        try:  # a checkpoint in the released layout, checked before anything starts
+            read_checkpoint(args.model_dir)
+        except BadInputError as exc:
+            ap.error(f"--model-dir {args.model_dir}: {exc} (omit --model-dir to write a checkpoint)")
     args.dtype = args.dtype or ("float32" if args.size == "tiny" else "bfloat16")
     args.ap = ap
     return args

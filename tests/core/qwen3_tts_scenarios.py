@@ -5,14 +5,15 @@ run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the scenario can also
 run the oracle with the engine's own model instance:
 
 - ``code2wav``: 3 requests of different lengths in one batch; each waveform and
-  the model's ``forward`` called directly on that request's codes;
-- ``talker``: 3 requests of different lengths in one batch (greedy codebook 0,
-  seeded MTP); the plain-PyTorch reference loop of the same model
-  (``preprocess`` -> forward -> ``postprocess`` -> ``compute_logits``, MTP before
-  the forward on decode steps, the per-request state merged from step to step as
-  vLLM-Omni does), whose backbone forward is transformers' ``Qwen3Model`` over
-  the same weights, recomputing the whole sequence each step (no KV cache);
-  then the talker's frames through the code2wav engine.
+  the model's ``forward`` called directly on that request's codes; one of them
+  again in the deploy's streaming chunks with their left context
+  (``code2wav_inputs`` / ``code2wav_waveform``);
+- ``talker``: 3 requests of different lengths in one batch, built as the server
+  builds them (``core.models.qwen3_tts.talker_inputs``: vLLM-Omni's prompt length,
+  the deploy's repetition penalty and min tokens; greedy codebook 0, seeded MTP,
+  fixed length); the plain-PyTorch reference loop of the same model instance
+  (``tests/core/qwen3_tts_reference.py``); then the talker's frames through the
+  code2wav engine.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 #: VLLM_USE_V2_MODEL_RUNNER / OMNI_TEST_GRAPHS of tests/core/conftest.py VARIANTS)
 DEVICE = os.environ.get("OMNI_TEST_DEVICE", "cpu")
 GRAPHS = os.environ.get("OMNI_TEST_GRAPHS", "eager")
+from tests.core.qwen3_tts_reference import direct_waveforms, runner_of  # noqa: E402,F401  (the oracle's own)
+
 ENGINE_KW = dict(dtype="float32", max_model_len=256, max_num_seqs=4, seed=0, enable_prefix_caching=False,
                  **({"enforce_eager": True} if GRAPHS == "eager" else {}))
 
@@ -52,10 +55,6 @@ TALKER = [
 ]
 
 
-def runner_of(llm):
-    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
-
-
 def code2wav_engine(model_dir: str):
     return omni_engine(model_dir, kind="generation", hf_overrides=CODE2WAV, skip_tokenizer_init=True)
 
@@ -67,21 +66,6 @@ def synthesize(llm, frames: list) -> list:
     prompts = [{"prompt_token_ids": f.t().reshape(-1).tolist()} for f in frames]  # codebook-major [Q*F]
     outs = llm.generate(prompts, [SamplingParams(max_tokens=1, detokenize=False)] * len(frames), use_tqdm=False)
     return [o.multimodal_outputs for o in outs]
-
-
-def direct_waveforms(model, frames: list) -> list:
-    """The model's forward called directly, one request at a time, on the model's device (TF32 off,
-    ``tests/core/precision.reference_settings``); waveforms returned on the CPU."""
-    from tests.core.precision import reference_settings
-
-    res = []
-    device = next(model.parameters()).device
-    with reference_settings(device.type):
-        for f in frames:
-            # the class's forward: the engine's model-output adapter wraps the instance's
-            out = type(model).forward(model, input_ids=f.t().reshape(-1).clone().to(device))
-            res.append(out.multimodal_outputs["model_outputs"][0].cpu())
-    return res
 
 
 def code2wav_on_v2_unsupported() -> bool:
@@ -121,103 +105,42 @@ def code2wav(model_dir: str) -> dict:
     model = runner_of(llm).get_model()
     return {"frames": frames, "outputs": outs, "direct": direct_waveforms(model, frames),
             "model_class": [type(model).__module__, type(model).__qualname__],
-            "upsample": int(model._total_upsample)}
+            "upsample": int(model._total_upsample), "streamed": streamed(llm, frames[1])}
+
+
+def streamed(llm, frames) -> dict:
+    """``frames`` decoded in the deploy's streaming chunks (first ``initial_chunk_frames``, then ``chunk_frames``),
+    each chunk a request of ``code2wav_inputs`` carrying up to ``left_context_frames`` earlier frames, its samples
+    from ``code2wav_waveform``: the chunks' waveforms (to be concatenated) and the chunk bounds."""
+    from core.models.qwen3_tts import code2wav_inputs, code2wav_waveform, deploy_defaults
+
+    d = deploy_defaults()
+    bounds, start = [], 0
+    while start < frames.shape[0]:
+        end = min(frames.shape[0], start + (d.initial_chunk_frames if not bounds else d.chunk_frames))
+        bounds.append((max(0, start - d.left_context_frames), start, end))
+        start = end
+    reqs = [code2wav_inputs(frames[s0:e], left_context=s - s0) for s0, s, e in bounds]
+    outs = llm.generate([p for p, _ in reqs], [sp for _, sp in reqs], use_tqdm=False)
+    return {"bounds": bounds, "chunks": [code2wav_waveform(o, left_context=s - s0, frames=e - s0)
+                                         for o, (s0, s, e) in zip(outs, bounds)]}
 
 
 # ------------------------------------------------------------------ talker
 def talker_requests(model_dir: str) -> list[dict]:
-    from transformers import AutoTokenizer
+    """The three requests, built as the server builds them (``core.models.qwen3_tts.talker_inputs``: vLLM-Omni's
+    prompt length, the deploy's sampling) with greedy codebook 0 and a fixed length (``ignore_eos``)."""
+    from core.models.qwen3_tts import TTSRequest, deploy_defaults, read_checkpoint, talker_inputs
 
-    from core.models import vllm_omni
-
-    import json
-
-    builder = vllm_omni.load_module("model_executor.models.qwen3_tts.prompt_embeds_builder")
-    with open(os.path.join(model_dir, "config.json")) as f:
-        t = json.load(f)["talker_config"]
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    ckpt, deploy = read_checkpoint(model_dir), deploy_defaults()
     reqs = []
     for text, speaker, language, non_streaming, frames, seed in TALKER:
-        info = {"text": [text], "task_type": ["CustomVoice"], "speaker": [speaker], "language": [language],
-                "non_streaming_mode": [non_streaming]}
-        prompt_len = builder.Qwen3TTSPromptEmbedsBuilder.estimate_prompt_len_from_additional_information(
-            info, task_type="CustomVoice", tokenize_prompt=lambda s: tok(s)["input_ids"],
-            codec_language_id=t["codec_language_id"], spk_is_dialect=t["spk_is_dialect"])
-        reqs.append({"info": info, "prompt_len": prompt_len, "frames": frames, "seed": seed})
+        req = TTSRequest(text=text, speaker=speaker, language=language, non_streaming_mode=non_streaming, seed=seed,
+                         max_new_tokens=frames + 1)
+        prompt, sp = talker_inputs(ckpt, deploy, req, temperature=0.0, ignore_eos=True)
+        reqs.append({"request": req, "prompt": prompt, "params": sp, "prompt_len": len(prompt["prompt_token_ids"]),
+                     "frames": frames, "seed": seed})
     return reqs
-
-
-def hf_backbone(model_dir: str):
-    """transformers' ``Qwen3Model`` with the talker backbone's weights (plain PyTorch)."""
-    import json
-
-    import torch
-    import transformers
-    from safetensors.torch import load_file
-
-    with open(os.path.join(model_dir, "config.json")) as f:
-        t = json.load(f)["talker_config"]
-    cfg = transformers.Qwen3Config(
-        vocab_size=t["vocab_size"], hidden_size=t["hidden_size"], intermediate_size=t["intermediate_size"],
-        num_hidden_layers=t["num_hidden_layers"], num_attention_heads=t["num_attention_heads"],
-        num_key_value_heads=t["num_key_value_heads"], head_dim=t["head_dim"], rms_norm_eps=t["rms_norm_eps"],
-        max_position_embeddings=t["max_position_embeddings"], attention_bias=False, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": float(t["rope_theta"])},
-    )
-    cfg._attn_implementation = "eager"
-    model = transformers.Qwen3Model(cfg).eval()
-    w = load_file(os.path.join(model_dir, "model.safetensors"))
-    sd = {k.removeprefix("talker.model."): v for k, v in w.items() if k.startswith("talker.model.")}
-    sd["embed_tokens.weight"] = sd.pop("codec_embedding.weight")
-    sd.pop("text_embedding.weight")
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
-    return model.float()
-
-
-def reference_talker(model, backbone, req: dict, req_id: str) -> dict:
-    """The plain-PyTorch loop of one request on the model's device (TF32 off): codes ``[frames, Q]`` and tokens."""
-    import torch
-
-    from core.payloads import PayloadStore
-    from tests.core.precision import reference_settings
-
-    store = PayloadStore(model.gpu_resident_buffer_keys, lambda t: t)
-    store.put(req_id, req["info"])
-    device = next(model.parameters()).device
-    gen = torch.Generator(device=device).manual_seed(req["seed"])  # as the engine's per-request MTP generator
-    prompt_len, max_tokens = req["prompt_len"], req["frames"] + 1
-    rows, tokens, frames, computed = [], [], [], 0
-    with reference_settings(device.type):
-        while len(tokens) < max_tokens:
-            ids = (torch.zeros(prompt_len, dtype=torch.long) if computed == 0 else torch.tensor([tokens[-1]])).to(device)
-            n = int(ids.shape[0])
-            info = store.put(req_id, None)
-            info.update(request_id=req_id, _omni_prompt_len=prompt_len, _omni_num_computed_tokens=computed,
-                        _omni_is_prefill=computed < prompt_len, _omni_max_tokens=max_tokens, _omni_seed=None)
-            ids_out, emb, update = model.preprocess(input_ids=ids.clone(), input_embeds=model.embed_input_ids(ids),
-                                                    **info)
-            update = dict(update)
-            mtp_inputs = update.pop("mtp_inputs", None)
-            store.put(req_id, update)
-            emb = emb.float()
-            if mtp_inputs is not None and n == 1 and computed >= prompt_len:
-                emb, codes = model.talker_mtp(ids_out.reshape(-1)[:1], emb, mtp_inputs[0].reshape(1, -1).float(),
-                                              mtp_inputs[1].reshape(1, -1).float(), do_sample=None, temperature=None,
-                                              top_k=None, top_p=None, generator=gen)
-                emb = emb.float()
-                store.put(req_id, {"codes": {"audio": codes}})
-                frames.append(codes[0])
-            rows.append(emb)
-            x = torch.cat(rows)[None]
-            h = backbone(inputs_embeds=x, position_ids=torch.arange(x.shape[1], device=device)[None]).last_hidden_state[0, -n:]
-            info = store.get(req_id)
-            store.put(req_id, model.postprocess(h, multimodal_outputs=None,
-                                                **{k: v for k, v in info.items() if k != "hidden_states"}))
-            tokens.append(int(model.compute_logits(h[-1:]).argmax(-1)))
-            computed += n
-    return {"codes": torch.stack(frames).cpu() if frames else torch.zeros(0), "tokens": tokens}
 
 
 def v2_state_over(runner, model) -> dict:
@@ -243,11 +166,9 @@ def v2_state_over(runner, model) -> dict:
 
 
 def talker(model_dir: str) -> dict:
-    import torch
-    from vllm import SamplingParams
-
-    from core.hooks import MTP_SEED_KEY
-    from core.payloads import EXTRA_ARGS_KEY, pack
+    from core.models.qwen3_tts import talker_frames
+    from tests.core import qwen3_tts_reference as ref
+    from tests.fixtures.qwen3_tts.tiny_checkpoint import NUM_CODE_GROUPS
 
     reqs = talker_requests(model_dir)
     llm = omni_engine(model_dir, skip_tokenizer_init=True, hf_overrides=TALKER_ARCH)
@@ -270,26 +191,28 @@ def talker(model_dir: str) -> dict:
         finish(ids)
 
     hooks.on_finished_requests = record
-    params = [SamplingParams(max_tokens=r["frames"] + 1, temperature=0.0, ignore_eos=True, detokenize=False,
-                             extra_args={EXTRA_ARGS_KEY: pack(r["info"]), MTP_SEED_KEY: r["seed"]}) for r in reqs]
-    outs = llm.generate([{"prompt_token_ids": [0] * r["prompt_len"]} for r in reqs], params, use_tqdm=False)
+    outs = llm.generate([r["prompt"] for r in reqs], [r["params"] for r in reqs], use_tqdm=False)
     calls["per_request"].update(hooks.mtp_calls)
     engine = []
     for o, r in zip(outs, reqs):
         rows = o.multimodal_outputs["codes.audio"]
         engine.append({"rows": rows, "codes": rows[r["prompt_len"]:], "tokens": list(o.outputs[0].token_ids),
+                       "frames": talker_frames(o),
                        "keys": sorted(o.multimodal_outputs),
                        "mtp_calls": next((v for k, v in calls["per_request"].items()
                                           if k == o.request_id or k.startswith(f"{o.request_id}-")), None)})
     model = runner.get_model()
-    backbone = hf_backbone(model_dir).to(next(model.parameters()).device)
-    reference = [reference_talker(model, backbone, r, f"ref-{i}") for i, r in enumerate(reqs)]
+    backbone = ref.hf_backbone(model_dir).to(next(model.parameters()).device)
+    reference = [ref.reference_talker(model, backbone, r["prompt"], r["params"], f"ref-{i}", NUM_CODE_GROUPS)
+                 for i, r in enumerate(reqs)]
     if code2wav_on_v2_unsupported():  # the code2wav scenario shows the refusal; this one has the talker's results
         waves, direct = [], []
     else:
         c2w = code2wav_engine(model_dir)
         waves = synthesize(c2w, [e["codes"] for e in engine])
         direct = direct_waveforms(runner_of(c2w).get_model(), [e["codes"] for e in engine])
+    for r in reqs:  # what the result file carries (SamplingParams / TTSRequest are not needed by the tests)
+        r.pop("params"), r.pop("request")
     return {"requests": reqs, "engine": engine, "reference": reference, "mtp": calls,
             "model_class": [type(model).__module__, type(model).__qualname__], "mtp_mode": hooks.mtp_mode,
             "runner_mro": [c.__name__ for c in type(runner).__mro__],

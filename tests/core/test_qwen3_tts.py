@@ -162,6 +162,22 @@ def test_code2wav_batch_equals_its_forward_called_directly(scenario, test_device
         assert int(out["sr"]) == tiny.SAMPLE_RATE
 
 
+def test_code2wav_streamed_chunks_with_left_context_equal_the_whole_decode(scenario, test_device, variant) -> None:
+    """The deploy's streaming window (first chunk 1 frame, then 25, each with up to 72 frames of left context --
+    the decoder's window) through ``code2wav_inputs`` / ``code2wav_waveform``: the chunks' samples, concatenated,
+    are the whole utterance's waveform (the decoder is causal and its window is covered)."""
+    r = scenario("code2wav", variant)
+    if _code2wav_refused_on_v2(r):
+        pytest.skip("this vLLM's V2 runner cannot run a model without a KV cache")
+    st = r["streamed"]
+    assert len(st["bounds"]) >= 2 and st["bounds"][0][1:] == (0, 1)  # a first chunk of 1 frame, then the rest
+    assert st["bounds"][1][0] == 0  # the second chunk carries the first frame as left context
+    whole = r["outputs"][1]["model_outputs"]
+    joined = torch.cat(st["chunks"])
+    assert joined.shape == whole.shape
+    torch.testing.assert_close(joined, whole, **_waveform_tolerance(test_device))
+
+
 # ---------------------------------------------------------------- talker
 def test_talker_codes_equal_the_plain_pytorch_reference_loop(scenario, variant) -> None:
     r = scenario("talker", variant)
@@ -179,6 +195,9 @@ def test_talker_codes_equal_the_plain_pytorch_reference_loop(scenario, variant) 
         for row, tok in zip(eng["codes"], eng["tokens"]):
             assert int(row[0]) == (tok if tok < tiny.CODEBOOK else 0)
         assert "codes.audio" in eng["keys"]
+        # vLLM-Omni's own producer (talker_frames) gives the same frames, its invalid (all-zero) ones dropped
+        valid = eng["codes"][eng["codes"].any(dim=1)]
+        assert torch.equal(eng["frames"], valid), (eng["frames"], valid)
 
 
 def test_talker_mtp_runs_once_per_request_per_decode_step(scenario, test_device, variant) -> None:
@@ -234,3 +253,29 @@ def test_vllm_omnis_classes_on_v2_give_v1s_codes_and_waveforms(scenario, test_de
     c1, c2 = scenario("code2wav", v1), scenario("code2wav", variant)
     for oa, ob in zip(c1["outputs"], c2["outputs"]):
         assert torch.equal(oa["model_outputs"], ob["model_outputs"])
+
+
+def test_the_reference_process_gives_the_engines_codes_and_waveform(scenario, tiny_dir, test_device, variant,
+                                                                     tmp_path) -> None:
+    """``tests/core/qwen3_tts_reference.reference`` (what the HTTP tests compare served audio against): a fresh
+    process, the same request (greedy codebook 0, seed), gives the engine's codes and tokens bit for bit and
+    code2wav's waveform of them within the waveform tolerance."""
+    if not variant.startswith("v1-"):
+        pytest.skip("the reference runs once, on V1 (the V2 codes equal V1's: test above)")
+    from core.models.qwen3_tts import TTSRequest
+    from tests.core import qwen3_tts_reference as ref
+    from tests.core.qwen3_tts_scenarios import TALKER
+
+    r = scenario("talker", variant)
+    text, speaker, language, non_streaming, frames, seed = TALKER[0]
+    req = TTSRequest(text=text, speaker=speaker, language=language, non_streaming_mode=non_streaming, seed=seed,
+                     max_new_tokens=frames + 1)
+    from tests.core.conftest import scenario_env
+
+    got = ref.reference(tiny_dir, [req], device=test_device, out_dir=str(tmp_path), overrides={"ignore_eos": True},
+                        env=scenario_env(test_device, variant, False, "qwen3tts-reference"))[0]
+    eng = r["engine"][0]
+    assert got["prompt_len"] == r["requests"][0]["prompt_len"]
+    assert got["tokens"] == eng["tokens"] and torch.equal(got["codes"], eng["codes"])
+    if r["waveforms"]:
+        torch.testing.assert_close(got["waveform"], r["waveforms"][0], **_waveform_tolerance(test_device))

@@ -286,3 +286,14 @@ def test_stage_engine_args_map_the_released_architecture(tiny) -> None:
     assert talker["dtype"] == "float32" and c2w["dtype"] == deploy.engine_args["code2wav"]["dtype"]
     assert talker["max_model_len"] == 512  # the tiny talker's max_position_embeddings caps the deploy's 4096
     assert c2w["max_model_len"] == 4 * (72 + 25) + 1 and c2w["max_num_batched_tokens"] == 2 * c2w["max_model_len"]
+
+
+def test_undecoded_reference_audio_is_refused_by_name(tiny) -> None:
+    """vLLM-Omni's server decodes URL / base64 ``ref_audio`` itself; talker_inputs takes it decoded or refuses it."""
+    from core.models.qwen3_tts import TTSRequestError, deploy_defaults, read_checkpoint, talker_inputs
+
+    ckpt = read_checkpoint(tiny["base"])
+    req = _req(task_type="Base", ref_audio="data:audio/wav;base64,AAAA", ref_text="hi")
+    with pytest.raises(TTSRequestError, match="decoded audio") as err:
+        talker_inputs(ckpt, deploy_defaults(), req, check=False)
+    assert err.value.param == "ref_audio"

@@ -22,6 +22,7 @@ Uploaded / precomputed voices and ``speaker_embedding`` are not offered (the ser
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from omni_backends.errors import BadInputError
@@ -149,6 +150,17 @@ def tts_params(req: TTSRequest) -> dict[str, list]:
     return params
 
 
+def _is_decoded_audio(value: Any) -> bool:
+    return (isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[1], (int, float))
+            and hasattr(value[0], "__len__") and len(value[0]) > 0 and value[1] > 0)
+
+
+def _codec_frame_rate(ckpt: Any) -> float:
+    """Codec frames per second as vLLM-Omni's adapter reads it (``Qwen3TTSConfig.codec_frame_rate_hz``:
+    ``talker_config.position_id_per_seconds``)."""
+    return float(ckpt.talker_config.get("position_id_per_seconds") or 12.5)
+
+
 def _text_tokenizer(path: str) -> Any:
     """The checkpoint's text tokenizer as vLLM-Omni's speech server loads it (``AutoTokenizer``, left padding),
     one per checkpoint path."""
@@ -176,7 +188,9 @@ def prompt_len(ckpt: Any, params: dict[str, list]) -> int:
     return int(builder.estimate_prompt_len_from_additional_information(
         additional_information=params, task_type=params["task_type"][0],
         tokenize_prompt=lambda t: tok(t, padding=False)["input_ids"],
-        codec_language_id=talker.get("codec_language_id"), spk_is_dialect=talker.get("spk_is_dialect")))
+        codec_language_id=talker.get("codec_language_id"), spk_is_dialect=talker.get("spk_is_dialect"),
+        estimate_ref_code_len=lambda item: math.ceil(len(item[0]) / int(item[1]) * _codec_frame_rate(ckpt))
+        if _is_decoded_audio(item) else None))
 
 
 def talker_inputs(ckpt: Any, deploy: Any, req: TTSRequest, *, output_kind: Any = None, check: bool = True,
@@ -201,7 +215,14 @@ def talker_inputs(ckpt: Any, deploy: Any, req: TTSRequest, *, output_kind: Any =
 
     if check:
         req = check_tts_request(ckpt, req, max_instructions_length=deploy.max_instructions_length)
+    if req.ref_audio is not None and not _is_decoded_audio(req.ref_audio):
+        raise TTSRequestError("ref_audio must be decoded audio [samples, sample_rate] here; vLLM-Omni's server decodes "
+                              "URL / base64 reference audio itself (serving_speech), which this server does not",
+                              "ref_audio")
     params = tts_params(req)
+    if req.ref_audio is not None:  # vLLM-Omni's adapter: the reference's codec length at the codec frame rate
+        wav, sr = req.ref_audio
+        params["ref_code_length"] = [math.ceil(len(wav) / int(sr) * _codec_frame_rate(ckpt))]
     sampling = dict(deploy.talker_sampling)
     cap = int(req.max_new_tokens if req.max_new_tokens is not None else sampling.get("max_tokens", MAX_NEW_TOKENS[1]))
     params[EFFECTIVE_MAX_TOKENS_KEY] = [cap]
