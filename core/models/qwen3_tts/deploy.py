@@ -11,11 +11,11 @@ Two files of the installed ``vllm-omni`` hold them:
   code2wav stage's ``tts_args`` (``max_instructions_length``).
 
 The YAML is parsed with PyYAML (what vLLM-Omni's ``load_deploy_config`` reads it into through OmegaConf). The
-pipeline module cannot be imported on the cpu stack (``vllm_omni.config.stage_config`` imports ``omegaconf``,
-which the core's stack does not install), so its ``PipelineConfig(...)`` call is read from the module's source
-with :mod:`ast` (``ast.literal_eval`` of the literal keyword arguments); nothing of it is executed. Platform
-overlays (``platforms:``) are not applied: none exists for the CPU, and on a GPU the core picks the runner itself
-(``--runner``). Imports neither torch nor vLLM.
+pipeline module is not imported: it imports ``vllm_omni.config.stage_config``, which needs ``omegaconf`` (not a
+dependency of the core's stacks; loading it bare fails with ``ModuleNotFoundError: omegaconf`` there); its
+``PipelineConfig(...)`` call is read from the module's source with :mod:`ast` (``ast.literal_eval`` of the literal
+keyword arguments), nothing of it executed. Platform overlays (``platforms:``) are not applied: none exists for the
+CPU, and on a GPU the core picks the runner itself (``--runner``). Imports neither torch nor vLLM.
 """
 
 from __future__ import annotations
