@@ -125,6 +125,8 @@ BAD_INPUT = [
     ("bench_qwen3_tts.py", ("--frames", "8", "--chunk-frames", "9"), "--chunk-frames"),
     ("bench_qwen3_tts.py", ("--device", "cuda"), "--device"),
     ("bench_qwen3_tts.py", ("--runner", "v2", "--device", "cpu"), "--runner"),
+    # a folder that is not a Qwen3-TTS checkpoint in the released layout (core.models.qwen3_tts.read_checkpoint)
+    ("bench_qwen3_tts.py", ("--model-dir", str(pathlib.Path(__file__).parent)), "--model-dir"),
     ("bench_talker_mtp.py", ("--batches", "0"), "--batches"),
     ("bench_talker_mtp.py", ("--device", "cuda"), "--device"),
     ("bench_talker_mtp.py", ("--budget-s", "0"), "--budget-s"),
