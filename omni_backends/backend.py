@@ -42,7 +42,7 @@ import abc
 import contextlib
 import dataclasses
 import enum
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Mapping, TypedDict, Unpack
 
 from omni_backends.device_lists import parse_generic
 from omni_backends.policy import capture_sizes, check_attn_metadata
@@ -157,6 +157,42 @@ class Capabilities:
         return d
 
 
+class ForwardContextArgs(TypedDict, total=False):
+    """The keywords of :meth:`Backend.forward_context` (all optional), declared once: those of
+    ``vllm.forward_context.set_forward_context`` (same names and meanings), then the vendor extras
+    (:data:`FORWARD_CONTEXT_EXTRAS`) some vendors' calls take and vLLM's does not."""
+
+    num_tokens: int | None  #: tokens in the batch (vLLM: ``None``)
+    num_tokens_across_dp: torch.Tensor | None  #: per data-parallel rank
+    cudagraph_runtime_mode: Any  #: a ``CUDAGraphMode``; ``None`` means ``CUDAGraphMode.NONE``
+    batch_descriptor: Any  #: a ``BatchDescriptor`` (selects the captured graph)
+    ubatch_slices: Any  #: micro-batch slices (dual-batch overlap)
+    slot_mapping: Any  #: layer name -> int64 ``[num_tokens]``
+    skip_compiled: bool  #: run the model eagerly (vLLM: ``False``)
+    is_padding: Any
+    num_actual_tokens: int | None  #: tokens without padding (Ascend)
+    model: Any  #: the model instance (Ascend's ``model_instance``)
+    is_profile: bool  #: a profiling run (Ascend's ``in_profile_run``)
+
+
+#: every keyword :meth:`Backend.forward_context` takes
+FORWARD_CONTEXT_KEYWORDS = frozenset(ForwardContextArgs.__optional_keys__)
+#: the keywords vLLM's ``set_forward_context`` does not take (vendor extras)
+FORWARD_CONTEXT_EXTRAS = frozenset({"num_actual_tokens", "model", "is_profile"})
+#: what a keyword not given means: ``None`` (vLLM's default), ``False`` for the two flags
+FORWARD_CONTEXT_DEFAULTS: dict[str, Any] = {k: False if k in ("skip_compiled", "is_profile") else None
+                                            for k in ForwardContextArgs.__annotations__}
+
+
+def unknown_forward_context_keywords(kwargs: Mapping[str, Any]) -> None:
+    """Raise ``TypeError`` naming every key of ``kwargs`` that :class:`ForwardContextArgs` lacks (a typo fails
+    at the call, as it would against an explicit signature)."""
+    unknown = kwargs.keys() - FORWARD_CONTEXT_KEYWORDS
+    if unknown:
+        raise TypeError(f"forward_context() got unexpected keyword argument(s) {', '.join(sorted(unknown))}; "
+                        f"it takes {', '.join(sorted(FORWARD_CONTEXT_KEYWORDS))}")
+
+
 class Backend(abc.ABC):
     """One hardware backend. One instance per process, selected once.
 
@@ -247,35 +283,18 @@ class Backend(abc.ABC):
 
     # ---------------------------------------------------------- forward context
     @abc.abstractmethod
-    def forward_context(
-        self,
-        attn_metadata: Any,
-        vllm_config: Any,
-        *,
-        num_tokens: int | None = None,
-        num_tokens_across_dp: "torch.Tensor | None" = None,
-        cudagraph_runtime_mode: Any = None,
-        batch_descriptor: Any = None,
-        ubatch_slices: Any = None,
-        slot_mapping: Any = None,
-        skip_compiled: bool = False,
-        is_padding: Any = None,
-        num_actual_tokens: int | None = None,
-        model: Any = None,
-        is_profile: bool = False,
-    ) -> ContextManager[None]:
+    def forward_context(self, attn_metadata: Any, vllm_config: Any,
+                        **kwargs: Unpack[ForwardContextArgs]) -> ContextManager[None]:
         """Set vLLM's forward context for one forward pass; the core calls it as
         ``forward_context(None, vllm_config, num_tokens=p, cudagraph_runtime_mode=
         CUDAGraphMode.FULL, batch_descriptor=BatchDescriptor(num_tokens=p))``.
 
-        Takes the arguments of ``vllm.forward_context.set_forward_context``
-        (``cudagraph_runtime_mode`` is a ``CUDAGraphMode``; ``None`` means
-        ``CUDAGraphMode.NONE``; ``batch_descriptor`` a ``BatchDescriptor``;
-        ``slot_mapping`` a dict layer name -> int64 ``[num_tokens]``) plus the
-        extras some vendors need (``num_actual_tokens``, ``model``,
-        ``is_profile``). Every driver keeps exactly this signature (the kit and
-        ``tests/test_backend_contract.py`` compare it) and maps the arguments onto
-        its vendor call, dropping what that call does not take; a driver raises
+        Takes the arguments of ``vllm.forward_context.set_forward_context`` plus
+        the extras some vendors need, as keywords: :class:`ForwardContextArgs`
+        (their one home; every driver keeps this signature, the kit and
+        ``tests/test_backend_contract.py`` compare it). A driver maps them onto
+        its vendor call, dropping what that call does not take, raises
+        ``TypeError`` for a keyword :class:`ForwardContextArgs` lacks, and
         :class:`~omni_backends.errors.OmniBackendError` for an argument its
         vendor cannot honour (e.g. ``ubatch_slices`` on Ascend).
         """
@@ -433,12 +452,17 @@ class Backend(abc.ABC):
 
 
 __all__ = [
+    "FORWARD_CONTEXT_DEFAULTS",
+    "FORWARD_CONTEXT_EXTRAS",
+    "FORWARD_CONTEXT_KEYWORDS",
     "INTERFACE_VERSION",
     "Backend",
     "Capabilities",
+    "ForwardContextArgs",
     "ProbeResult",
     "ProbeState",
     "Verification",
     "capture_sizes",
     "check_attn_metadata",
+    "unknown_forward_context_keywords",
 ]

@@ -135,6 +135,24 @@ class VendorSymbol:
         return obj
 
 
+#: the arguments vLLM builds a model runner with: ``runner_cls(vllm_config, device)``
+RUNNER_ARGS = ("vllm_config", "device")
+#: the arguments vLLM builds a worker with (``is_driver_worker`` has a default)
+WORKER_ARGS = ("vllm_config", "local_rank", "rank", "distributed_init_method", "is_driver_worker")
+
+
+def runner_symbol(module: str, attr: str, dist: str = "vllm") -> VendorSymbol:
+    """A vendor model-runner class, built as ``cls(vllm_config, device)`` (:data:`RUNNER_ARGS`, both passed)."""
+    return VendorSymbol(module, attr, params=RUNNER_ARGS, required=RUNNER_ARGS, dist=dist, kind="class",
+                        defined_at=_caller_line(2))
+
+
+def worker_symbol(module: str, attr: str, dist: str = "vllm") -> VendorSymbol:
+    """A vendor worker class, built with :data:`WORKER_ARGS` (all but ``is_driver_worker`` passed)."""
+    return VendorSymbol(module, attr, params=WORKER_ARGS, required=WORKER_ARGS[:-1], dist=dist, kind="class",
+                        defined_at=_caller_line(2))
+
+
 def declared_symbols(module: Any) -> Iterator[tuple[str, VendorSymbol]]:
     """Every ``VendorSymbol`` bound at module level in ``module`` (name, symbol)."""
     for name, value in vars(module).items():

@@ -10,31 +10,24 @@ and resolved lazily; importing this module imports no vLLM.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Unpack
 
-from omni_backends.backend import Backend
+from omni_backends.backend import (
+    FORWARD_CONTEXT_DEFAULTS,
+    FORWARD_CONTEXT_EXTRAS,
+    Backend,
+    ForwardContextArgs,
+    unknown_forward_context_keywords,
+)
 from omni_backends.binding import VendorSymbol
 from omni_backends.patches import SAMPLER, install_one_token_greedy
 from omni_backends.torch_device import GenericKitOps, copy_host_to_device_blocking
 
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    import torch
+#: the spec's defaults of the keywords vLLM's ``set_forward_context`` takes (all passed, as written in the spec)
+_SET_FORWARD_CONTEXT_DEFAULTS = {k: v for k, v in FORWARD_CONTEXT_DEFAULTS.items() if k not in FORWARD_CONTEXT_EXTRAS}
 
 SET_FORWARD_CONTEXT = VendorSymbol(
-    "vllm.forward_context",
-    "set_forward_context",
-    params=(
-        "attn_metadata",
-        "vllm_config",
-        "num_tokens",
-        "num_tokens_across_dp",
-        "cudagraph_runtime_mode",
-        "batch_descriptor",
-        "ubatch_slices",
-        "slot_mapping",
-        "skip_compiled",
-        "is_padding",
-    ),
+    "vllm.forward_context", "set_forward_context", params=("attn_metadata", "vllm_config", *_SET_FORWARD_CONTEXT_DEFAULTS),
     required=("attn_metadata", "vllm_config"),
 )
 CUDAGRAPH_MODE = VendorSymbol("vllm.config", "CUDAGraphMode", kind="class")
@@ -74,39 +67,20 @@ class VllmUpstreamBackend(GenericKitOps, Backend):
     operations: ``class MyBackend(TorchAcceleratorBackend, VllmUpstreamBackend)``.
     """
 
-    def forward_context(
-        self,
-        attn_metadata: Any,
-        vllm_config: Any,
-        *,
-        num_tokens: int | None = None,
-        num_tokens_across_dp: "torch.Tensor | None" = None,
-        cudagraph_runtime_mode: Any = None,
-        batch_descriptor: Any = None,
-        ubatch_slices: Any = None,
-        slot_mapping: Any = None,
-        skip_compiled: bool = False,
-        is_padding: Any = None,
-        num_actual_tokens: int | None = None,
-        model: Any = None,
-        is_profile: bool = False,
-    ) -> ContextManager[None]:
-        """``vllm.forward_context.set_forward_context`` with vLLM's own arguments;
-        ``num_actual_tokens``/``model``/``is_profile`` are vendor extras vLLM
-        does not take and are dropped."""
-        mode = cudagraph_runtime_mode if cudagraph_runtime_mode is not None else CUDAGRAPH_MODE.resolve().NONE
-        return SET_FORWARD_CONTEXT.resolve()(
-            attn_metadata,
-            vllm_config,
-            num_tokens=num_tokens,
-            num_tokens_across_dp=num_tokens_across_dp,
-            cudagraph_runtime_mode=mode,
-            batch_descriptor=batch_descriptor,
-            ubatch_slices=ubatch_slices,
-            slot_mapping=slot_mapping,
-            skip_compiled=skip_compiled,
-            is_padding=is_padding,
-        )
+    def forward_context(self, attn_metadata: Any, vllm_config: Any,
+                        **kwargs: Unpack[ForwardContextArgs]) -> ContextManager[None]:
+        """``vllm.forward_context.set_forward_context`` with vLLM's own arguments (the spec's defaults for
+        those not given; ``cudagraph_runtime_mode=None`` is ``CUDAGraphMode.NONE``); the vendor extras
+        (``FORWARD_CONTEXT_EXTRAS``) are dropped. ``TypeError`` for a keyword the spec lacks."""
+        args = dict(_SET_FORWARD_CONTEXT_DEFAULTS)
+        args.update(kwargs)
+        for extra in FORWARD_CONTEXT_EXTRAS:
+            args.pop(extra, None)
+        if len(args) != len(_SET_FORWARD_CONTEXT_DEFAULTS):  # a keyword the spec lacks
+            unknown_forward_context_keywords(kwargs)
+        if args["cudagraph_runtime_mode"] is None:
+            args["cudagraph_runtime_mode"] = CUDAGRAPH_MODE.resolve().NONE
+        return SET_FORWARD_CONTEXT.resolve()(attn_metadata, vllm_config, **args)
 
     def wrap_graph(self, runnable: Callable[..., Any], vllm_config: Any, runtime_mode: Any) -> Callable[..., Any]:
         """``CUDAGraphWrapper(runnable, vllm_config, runtime_mode)`` when the

@@ -207,16 +207,26 @@ def test_every_driver_implements_the_kit_protocol(cls):
 
 @pytest.mark.parametrize("cls", _drivers(), ids=lambda c: c.__name__)
 def test_every_driver_keeps_the_spec_forward_context_signature(cls):
+    """One home for the keywords: every driver takes ``**kwargs: Unpack[ForwardContextArgs]``."""
     assert _shape(cls.forward_context) == _shape(Backend.forward_context), (
         f"{cls.__qualname__}.forward_context{inspect.signature(cls.forward_context)} differs from the spec "
         f"Backend.forward_context{inspect.signature(Backend.forward_context)}")
+    assert inspect.get_annotations(cls.forward_context)["kwargs"] == "Unpack[ForwardContextArgs]"
 
 
 def test_the_spec_takes_every_argument_of_vllm_set_forward_context():
+    from omni_backends.backend import FORWARD_CONTEXT_EXTRAS, FORWARD_CONTEXT_KEYWORDS
     from omni_backends.vllm_upstream import SET_FORWARD_CONTEXT
 
-    spec = set(inspect.signature(Backend.forward_context).parameters)
-    assert set(SET_FORWARD_CONTEXT.params) <= spec
+    spec = ["attn_metadata", "vllm_config", *(k for k in FORWARD_CONTEXT_KEYWORDS if k not in FORWARD_CONTEXT_EXTRAS)]
+    assert set(SET_FORWARD_CONTEXT.params) == set(spec)
+
+
+def test_a_keyword_the_spec_lacks_fails_at_the_call():
+    from omni_backends.cpu.driver import CpuBackend
+
+    with pytest.raises(TypeError, match="cudagraph_mode"):
+        CpuBackend().forward_context(None, None, cudagraph_mode=None)
 
 
 def test_the_core_call_shape_binds_to_the_spec():
@@ -227,9 +237,10 @@ def test_the_core_call_shape_binds_to_the_spec():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "forward_context":
                 calls.append(node)
     assert calls, "the core no longer calls Backend.forward_context"
-    sig = inspect.signature(Backend.forward_context)
+    from omni_backends.backend import FORWARD_CONTEXT_KEYWORDS
+
     for call in calls:
-        sig.bind(None, *[None] * len(call.args), **{k.arg: None for k in call.keywords if k.arg})
+        assert len(call.args) == 2 and {k.arg for k in call.keywords} <= FORWARD_CONTEXT_KEYWORDS, ast.unparse(call)
 
 
 # ------------------------------------------------------------------ the shared bases are Backends

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omni_backends.binding import Patch, VendorSymbol
+from omni_backends.binding import Patch, VendorSymbol, runner_symbol
 
 _GPU_WORKER = "vllm.v1.worker.gpu_worker"
 #: where vLLM's GPU worker builds ``self.model_runner`` (0.33: a helper ``init_device`` calls; 0.26: inline)
@@ -27,8 +27,7 @@ GPU_WORKER_INIT_DEVICE = VendorSymbol(_GPU_WORKER, "Worker.init_device", require
 CPU_WORKER_BUILDS_RUNNER = VendorSymbol("vllm.v1.worker.cpu_worker", "CPUWorker.init_device", required=(),
                                         mentions=("self.model_runner",))
 #: the omni runner is built as ``runner_cls(vllm_config, device)``, like vLLM's
-GPU_RUNNER_INIT = VendorSymbol("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", params=("vllm_config", "device"),
-                               required=("vllm_config", "device"), kind="class")
+GPU_RUNNER_INIT = runner_symbol("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")
 RUNNER_DEVICE = VendorSymbol("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.device", kind="attribute")
 
 PATCH = Patch.declare(__name__, __doc__, (

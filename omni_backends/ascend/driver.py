@@ -44,19 +44,23 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Mapping
+from typing import Any, Callable, ClassVar, ContextManager, Mapping, Unpack
 
-from omni_backends.backend import Capabilities, ProbeResult, ProbeState, Verification
-from omni_backends.binding import VendorSymbol
+from omni_backends.backend import (
+    Capabilities,
+    ForwardContextArgs,
+    ProbeResult,
+    ProbeState,
+    Verification,
+    unknown_forward_context_keywords,
+)
+from omni_backends.binding import VendorSymbol, runner_symbol, worker_symbol
 from omni_backends.device_lists import ORDINAL, check_range, refuse_descending, refuse_duplicates, split_entries
 from omni_backends.errors import OmniBackendError, PlacementError
 from omni_backends.probing import device_nodes, find_shared_library, install_hint, version_mismatches, versions_of
 from omni_backends.patches import install_one_token_greedy
 from omni_backends.torch_device import TorchAcceleratorBackend, copy_host_to_device_blocking
 from omni_backends.vllm_upstream import CPU_GPU_BUFFER
-
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    import torch
 
 # ------------------------------------------------------------ vendor symbols
 # Checked against vllm-ascend 0.23.0.post1 and torch-npu 2.10.0.post4 (docs/drift.md).
@@ -104,30 +108,9 @@ NPU_PIN_MEMORY = VendorSymbol(
 ASCEND_COMMON_ATTN_METADATA = VendorSymbol(
     "vllm_ascend.attention.utils", "AscendCommonAttentionMetadata", dist="vllm-ascend", kind="class"
 )
-NPU_MODEL_RUNNER_V1 = VendorSymbol(
-    "vllm_ascend.worker.model_runner_v1",
-    "NPUModelRunner",
-    params=("vllm_config", "device"),
-    required=("vllm_config", "device"),
-    dist="vllm-ascend",
-    kind="class",
-)
-NPU_MODEL_RUNNER_V2 = VendorSymbol(
-    "vllm_ascend.worker.v2.model_runner",
-    "NPUModelRunner",
-    params=("vllm_config", "device"),
-    required=("vllm_config", "device"),
-    dist="vllm-ascend",
-    kind="class",
-)
-NPU_WORKER = VendorSymbol(
-    "vllm_ascend.worker.worker",
-    "NPUWorker",
-    params=("vllm_config", "local_rank", "rank", "distributed_init_method", "is_driver_worker"),
-    required=("vllm_config", "local_rank", "rank", "distributed_init_method"),
-    dist="vllm-ascend",
-    kind="class",
-)
+NPU_MODEL_RUNNER_V1 = runner_symbol("vllm_ascend.worker.model_runner_v1", "NPUModelRunner", dist="vllm-ascend")
+NPU_MODEL_RUNNER_V2 = runner_symbol("vllm_ascend.worker.v2.model_runner", "NPUModelRunner", dist="vllm-ascend")
+NPU_WORKER = worker_symbol("vllm_ascend.worker.worker", "NPUWorker", dist="vllm-ascend")
 # The V2 model state vllm-ascend builds (the omni V2 runner composes the omni hooks with it, core.runner.model_state).
 _STATE_ARGS = ("vllm_config", "model", "encoder_cache", "device")
 ASCEND_MODEL_STATE = VendorSymbol("vllm_ascend.worker.v2.model_states.default", "AscendModelState", params=_STATE_ARGS,
@@ -220,22 +203,8 @@ def cann_dirs() -> list[str]:
     return [r for r in roots if r and os.path.isdir(r)]
 
 
-def ascend_forward_context_kwargs(
-    attn_metadata: Any,
-    vllm_config: Any,
-    *,
-    num_tokens: int | None = None,
-    num_tokens_across_dp: Any = None,
-    cudagraph_runtime_mode: Any = None,
-    batch_descriptor: Any = None,
-    ubatch_slices: Any = None,
-    slot_mapping: Any = None,
-    skip_compiled: bool = False,
-    is_padding: Any = None,
-    num_actual_tokens: int | None = None,
-    model: Any = None,
-    is_profile: bool = False,
-) -> dict[str, Any]:
+def ascend_forward_context_kwargs(attn_metadata: Any, vllm_config: Any,
+                                  **kwargs: Unpack[ForwardContextArgs]) -> dict[str, Any]:
     """Map vLLM's ``set_forward_context`` arguments onto ``set_ascend_forward_context``'s.
 
     Renames ``cudagraph_runtime_mode`` -> ``aclgraph_runtime_mode``,
@@ -249,26 +218,28 @@ def ascend_forward_context_kwargs(
     Raises :class:`OmniBackendError` for ``ubatch_slices`` (vllm-ascend's
     forward context has no micro-batching: turn off dual-batch overlap).
     """
-    if ubatch_slices is not None:
+    unknown_forward_context_keywords(kwargs)
+    if kwargs.get("ubatch_slices") is not None:
         raise OmniBackendError(
             "vllm-ascend's set_ascend_forward_context takes no ubatch_slices (no micro-batching on Ascend); "
             "disable dual-batch overlap (--enable-dbo) for the npu driver"
         )
-    kwargs: dict[str, Any] = {
+    get = kwargs.get
+    mapped: dict[str, Any] = {
         "attn_metadata": attn_metadata,
         "vllm_config": vllm_config,
-        "num_tokens_across_dp": num_tokens_across_dp,
-        "in_profile_run": bool(is_profile),
-        "num_actual_tokens": num_actual_tokens,
-        "batch_descriptor": batch_descriptor,
-        "model_instance": model,
-        "skip_compiled": skip_compiled,
+        "num_tokens_across_dp": get("num_tokens_across_dp"),
+        "in_profile_run": bool(get("is_profile", False)),
+        "num_actual_tokens": get("num_actual_tokens"),
+        "batch_descriptor": get("batch_descriptor"),
+        "model_instance": get("model"),
+        "skip_compiled": get("skip_compiled", False),
     }
-    if num_tokens is not None:
-        kwargs["num_tokens"] = num_tokens
-    if cudagraph_runtime_mode is not None:
-        kwargs["aclgraph_runtime_mode"] = cudagraph_runtime_mode
-    return kwargs
+    if get("num_tokens") is not None:
+        mapped["num_tokens"] = kwargs["num_tokens"]
+    if get("cudagraph_runtime_mode") is not None:
+        mapped["aclgraph_runtime_mode"] = kwargs["cudagraph_runtime_mode"]
+    return mapped
 
 
 def check_v2_model_state_patch() -> None:
@@ -433,31 +404,11 @@ class AscendBackend(TorchAcceleratorBackend):
         return NPU_GRAPH_POOL_HANDLE.resolve()()
 
     # ------------------------------------------------------ forward context
-    def forward_context(
-        self,
-        attn_metadata: Any,
-        vllm_config: Any,
-        *,
-        num_tokens: int | None = None,
-        num_tokens_across_dp: "torch.Tensor | None" = None,
-        cudagraph_runtime_mode: Any = None,
-        batch_descriptor: Any = None,
-        ubatch_slices: Any = None,
-        slot_mapping: Any = None,
-        skip_compiled: bool = False,
-        is_padding: Any = None,
-        num_actual_tokens: int | None = None,
-        model: Any = None,
-        is_profile: bool = False,
-    ) -> ContextManager[None]:
+    def forward_context(self, attn_metadata: Any, vllm_config: Any,
+                        **kwargs: Unpack[ForwardContextArgs]) -> ContextManager[None]:
         """``set_ascend_forward_context(**ascend_forward_context_kwargs(...))``; see
         :func:`ascend_forward_context_kwargs` for the argument mapping and errors."""
-        mapped = ascend_forward_context_kwargs(  # bad input fails first
-            attn_metadata, vllm_config, num_tokens=num_tokens, num_tokens_across_dp=num_tokens_across_dp,
-            cudagraph_runtime_mode=cudagraph_runtime_mode, batch_descriptor=batch_descriptor,
-            ubatch_slices=ubatch_slices, slot_mapping=slot_mapping, skip_compiled=skip_compiled, is_padding=is_padding,
-            num_actual_tokens=num_actual_tokens, model=model, is_profile=is_profile,
-        )
+        mapped = ascend_forward_context_kwargs(attn_metadata, vllm_config, **kwargs)  # bad input fails first
         return SET_ASCEND_FORWARD_CONTEXT.resolve()(**mapped)
 
     # ------------------------------------------------------- graph wrapping

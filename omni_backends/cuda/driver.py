@@ -40,34 +40,16 @@ import re
 from typing import Any, ClassVar, ContextManager, Mapping
 
 from omni_backends.backend import Capabilities, ProbeResult, ProbeState, Verification
-from omni_backends.binding import VendorSymbol
+from omni_backends.binding import VendorSymbol, runner_symbol, worker_symbol
 from omni_backends.device_lists import ORDINAL, check_range, refuse_duplicates, split_entries
 from omni_backends.errors import OmniBackendError, PlacementError
 from omni_backends.probing import dist_version, module_findable, version_mismatches, versions_of
 from omni_backends.torch_device import FencedHostBuffer, TorchAcceleratorBackend, TorchCpuGpuBuffer, copy_host_to_device
 from omni_backends.vllm_upstream import VllmUpstreamBackend
 
-GPU_MODEL_RUNNER_V1 = VendorSymbol(
-    "vllm.v1.worker.gpu_model_runner",
-    "GPUModelRunner",
-    params=("vllm_config", "device"),
-    required=("vllm_config", "device"),
-    kind="class",
-)
-GPU_MODEL_RUNNER_V2 = VendorSymbol(
-    "vllm.v1.worker.gpu.model_runner",
-    "GPUModelRunner",
-    params=("vllm_config", "device"),
-    required=("vllm_config", "device"),
-    kind="class",
-)
-GPU_WORKER = VendorSymbol(
-    "vllm.v1.worker.gpu_worker",
-    "Worker",
-    params=("vllm_config", "local_rank", "rank", "distributed_init_method", "is_driver_worker"),
-    required=("vllm_config", "local_rank", "rank", "distributed_init_method"),
-    kind="class",
-)
+GPU_MODEL_RUNNER_V1 = runner_symbol("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")
+GPU_MODEL_RUNNER_V2 = runner_symbol("vllm.v1.worker.gpu.model_runner", "GPUModelRunner")
+GPU_WORKER = worker_symbol("vllm.v1.worker.gpu_worker", "Worker")
 
 
 def nvidia_gpu_count() -> tuple[int, str]:

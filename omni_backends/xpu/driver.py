@@ -34,7 +34,7 @@ import re
 from typing import Any, ClassVar, ContextManager, Mapping
 
 from omni_backends.backend import Capabilities, ProbeResult, ProbeState, Verification
-from omni_backends.binding import VendorSymbol
+from omni_backends.binding import VendorSymbol, runner_symbol, worker_symbol
 from omni_backends.device_lists import check_range, refuse_descending, refuse_duplicates, split_entries
 from omni_backends.errors import OmniBackendError, PlacementError
 from omni_backends.probing import (
@@ -50,27 +50,9 @@ from omni_backends.torch_device import TorchAcceleratorBackend
 from omni_backends.vllm_upstream import VllmUpstreamBackend
 
 # ------------------------------------------------------------ vendor symbols
-XPU_MODEL_RUNNER = VendorSymbol(
-    "vllm.v1.worker.xpu_model_runner",
-    "XPUModelRunner",
-    params=("vllm_config", "device"),
-    required=("vllm_config", "device"),
-    kind="class",
-)
-XPU_MODEL_RUNNER_V2 = VendorSymbol(
-    "vllm.v1.worker.xpu_model_runner",
-    "XPUModelRunnerV2",
-    params=("vllm_config", "device"),
-    required=("vllm_config", "device"),
-    kind="class",
-)
-XPU_WORKER = VendorSymbol(
-    "vllm.v1.worker.xpu_worker",
-    "XPUWorker",
-    params=("vllm_config", "local_rank", "rank", "distributed_init_method", "is_driver_worker"),
-    required=("vllm_config", "local_rank", "rank", "distributed_init_method"),
-    kind="class",
-)
+XPU_MODEL_RUNNER = runner_symbol("vllm.v1.worker.xpu_model_runner", "XPUModelRunner")
+XPU_MODEL_RUNNER_V2 = runner_symbol("vllm.v1.worker.xpu_model_runner", "XPUModelRunnerV2")
+XPU_WORKER = worker_symbol("vllm.v1.worker.xpu_worker", "XPUWorker")
 SUPPORTS_XPU_GRAPH = VendorSymbol("vllm.utils.torch_utils", "supports_xpu_graph", required=())
 XPU_GRAPH = VendorSymbol("torch.xpu", "XPUGraph", dist="torch", kind="class")
 XPU_GRAPH_CAPTURE = VendorSymbol(
