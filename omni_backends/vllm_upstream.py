@@ -17,18 +17,19 @@ from omni_backends.backend import (
     FORWARD_CONTEXT_EXTRAS,
     Backend,
     ForwardContextArgs,
-    unknown_forward_context_keywords,
 )
 from omni_backends.binding import VendorSymbol
 from omni_backends.patches import SAMPLER, install_one_token_greedy
 from omni_backends.torch_device import GenericKitOps, copy_host_to_device_blocking
 
-#: the spec's defaults of the keywords vLLM's ``set_forward_context`` takes (all passed, as written in the spec)
-_SET_FORWARD_CONTEXT_DEFAULTS = {k: v for k, v in FORWARD_CONTEXT_DEFAULTS.items() if k not in FORWARD_CONTEXT_EXTRAS}
-
+#: the spec's keywords vLLM's ``set_forward_context`` takes, with the spec's defaults
+_VLLM_FORWARD_CONTEXT_DEFAULTS = {k: v for k, v in FORWARD_CONTEXT_DEFAULTS.items() if k not in FORWARD_CONTEXT_EXTRAS}
+#: the keywords not given are left to vLLM, whose defaults must be the spec's (check-drift proves it:
+#: ``defaults``); ``cudagraph_runtime_mode`` is always passed (the spec's ``None`` is ``CUDAGraphMode.NONE``)
 SET_FORWARD_CONTEXT = VendorSymbol(
-    "vllm.forward_context", "set_forward_context", params=("attn_metadata", "vllm_config", *_SET_FORWARD_CONTEXT_DEFAULTS),
+    "vllm.forward_context", "set_forward_context", params=("attn_metadata", "vllm_config", *_VLLM_FORWARD_CONTEXT_DEFAULTS),
     required=("attn_metadata", "vllm_config"),
+    defaults=tuple((k, repr(v)) for k, v in _VLLM_FORWARD_CONTEXT_DEFAULTS.items() if k != "cudagraph_runtime_mode"),
 )
 CUDAGRAPH_MODE = VendorSymbol("vllm.config", "CUDAGraphMode", kind="class")
 CUDA_GRAPH_WRAPPER = VendorSymbol(
@@ -69,18 +70,14 @@ class VllmUpstreamBackend(GenericKitOps, Backend):
 
     def forward_context(self, attn_metadata: Any, vllm_config: Any,
                         **kwargs: Unpack[ForwardContextArgs]) -> ContextManager[None]:
-        """``vllm.forward_context.set_forward_context`` with vLLM's own arguments (the spec's defaults for
-        those not given; ``cudagraph_runtime_mode=None`` is ``CUDAGraphMode.NONE``); the vendor extras
-        (``FORWARD_CONTEXT_EXTRAS``) are dropped. ``TypeError`` for a keyword the spec lacks."""
-        args = dict(_SET_FORWARD_CONTEXT_DEFAULTS)
-        args.update(kwargs)
-        for extra in FORWARD_CONTEXT_EXTRAS:
-            args.pop(extra, None)
-        if len(args) != len(_SET_FORWARD_CONTEXT_DEFAULTS):  # a keyword the spec lacks
-            unknown_forward_context_keywords(kwargs)
-        if args["cudagraph_runtime_mode"] is None:
-            args["cudagraph_runtime_mode"] = CUDAGRAPH_MODE.resolve().NONE
-        return SET_FORWARD_CONTEXT.resolve()(attn_metadata, vllm_config, **args)
+        """``vllm.forward_context.set_forward_context`` with vLLM's own arguments as given (vLLM's defaults,
+        the spec's, for the others; ``cudagraph_runtime_mode=None`` is ``CUDAGraphMode.NONE``); the vendor
+        extras (``FORWARD_CONTEXT_EXTRAS``) are dropped. ``TypeError`` (vLLM's) for a keyword the spec lacks."""
+        if not FORWARD_CONTEXT_EXTRAS.isdisjoint(kwargs):
+            kwargs = {k: v for k, v in kwargs.items() if k not in FORWARD_CONTEXT_EXTRAS}
+        if kwargs.get("cudagraph_runtime_mode") is None:
+            kwargs["cudagraph_runtime_mode"] = CUDAGRAPH_MODE.resolve().NONE
+        return SET_FORWARD_CONTEXT.resolve()(attn_metadata, vllm_config, **kwargs)
 
     def wrap_graph(self, runnable: Callable[..., Any], vllm_config: Any, runtime_mode: Any) -> Callable[..., Any]:
         """``CUDAGraphWrapper(runnable, vllm_config, runtime_mode)`` when the
