@@ -37,11 +37,11 @@ from core.pipeline.release import release_engine
 backend = prepare_device(device).backend
 stages = ("thinker", "talker", "code2wav")
 dirs = {s: os.path.join(demo, s) for s in stages}
-mem = _stage_memory(backend, dirs)
+lens = {"thinker": THINKER_MAX_MODEL_LEN, "talker": TALKER_MAX_MODEL_LEN, "code2wav": TALKER_MAX_MODEL_LEN}
+mem = _stage_memory(backend, {s: dict(ENGINE_KW, model=dirs[s], max_model_len=lens[s]) for s in stages})
 eager = not backend.capabilities().static_graphs
 kw = dict(ENGINE_KW, seed=0, **({"enforce_eager": True} if eager else {}))
 kind = {"thinker": "ar", "talker": "ar", "code2wav": "generation"}
-lens = {"thinker": THINKER_MAX_MODEL_LEN, "talker": TALKER_MAX_MODEL_LEN, "code2wav": TALKER_MAX_MODEL_LEN}
 factory = make_async_engine if side == "serial-async" else make_engine
 starts = {}
 async def main():

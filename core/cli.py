@@ -9,15 +9,19 @@ import sys
 from typing import Any
 
 RUN_HELP = """\
-Run the demo omni pipeline on real vLLM engines through the core runner:
+Run an omni pipeline on real vLLM engines through the core runner: a local
+checkpoint (--model DIR: Qwen3-TTS in its released layout, talker ->
+code2wav, the same request as `omni-backends serve --model DIR` answers:
+--prompt, --voice SPEAKER, --language, --instructions, --task-type, --seed;
+writes out.wav at 24 kHz), or by default the demo pipeline:
 thinker (text -> text + hidden states) -> talker (prompt embeds from the
 thinker's hidden states + a voice id -> codec tokens; residual codebooks from
 its MTP head) -> code2wav (codes -> waveform).
 
 The three stages are vLLM AsyncLLM engines of one stage graph (the one
 `omni-backends serve` serves), started at once; the talker's frames stream to
-code2wav in chunks of --chunk-frames (the audio does not depend on the chunk
-size). Each stage's engine core runs in a process of its own.
+code2wav in chunks of --chunk-frames (the audio depends on the chunk size only
+by float rounding). Each stage's engine core runs in a process of its own.
 
 Writes into --out: out.wav (mono 16-bit PCM, 16 kHz), thinker.txt,
 codes.json ([T][K] codec tokens) and summary.json (driver and why,
@@ -41,9 +45,16 @@ Ranges: --max-tokens 1..{max_tokens}, --seed 0..2**32-1, --voice
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from core.pipeline import RunConfig, run_pipeline
+    from core.pipeline.config import parse_stage_overrides
 
-    cfg = RunConfig(prompt=args.prompt, device=args.device, voice=args.voice, max_tokens=args.max_tokens,
-                    seed=args.seed, out=args.out, model_dir=args.model_dir, multiprocess=args.multiprocess,
+    voice = args.voice if args.voice is not None else (0 if args.model is None else None)
+    if args.model is None and isinstance(voice, str) and voice.strip().isdigit():
+        voice = int(voice)  # the demo's voice id
+    cfg = RunConfig(prompt=args.prompt, device=args.device, voice=voice, max_tokens=args.max_tokens,
+                    seed=args.seed, out=args.out, model=args.model, model_dir=args.model_dir,
+                    language=args.language, instructions=args.instructions, task_type=args.task_type,
+                    max_new_tokens=args.max_new_tokens, stage_overrides=parse_stage_overrides(args.stage_overrides),
+                    multiprocess=args.multiprocess,
                     enforce_eager=True if args.enforce_eager else None, graph_mode=args.graph_mode, runner=args.runner,
                     chunk_frames=args.chunk_frames)
     summary = run_pipeline(cfg)
@@ -56,23 +67,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def run_result_lines(summary: dict[str, Any]) -> list[str]:
     """The lines ``omni-backends run`` prints from its ``summary`` (``core.pipeline.run_pipeline``'s): per
     stage the generation time (engine start apart), the concurrent start against its goal, what was written."""
-    st = summary["stages"]
-    th, tk, cw = st["thinker"], st["talker"], st["code2wav"]
+    stages = list(summary["stages"].items())
     cs = summary["concurrent_start"]
-    return [
-        f"device:   {summary['device']['selected']} ({summary['device']['rule']})",
-        f"thinker:  {th['generated_tokens']} tokens in {th['generation_seconds']:.3f} s (engine start "
-        f"{th['engine_start_seconds']:.1f} s) -> {summary['thinker_text']!r}",
-        f"talker:   {tk['generated_tokens']} frames x {tk['codebooks']} codebooks in {tk['generation_seconds']:.3f} s "
-        f"(engine start {tk['engine_start_seconds']:.1f} s; talker MTP: {tk['talker_mtp']})",
-        f"code2wav: {cw['audio_seconds']} s of audio in {cw['chunks']} chunks, {cw['generation_seconds']:.3f} s "
-        f"(engine start {cw['engine_start_seconds']:.1f} s)",
-        f"engines:  started at once in {cs['graph_start_seconds']:.1f} s (the three starts add up to "
+    lines = [f"device:   {summary['device']['selected']} ({summary['device']['rule']})"]
+    for i, (name, st) in enumerate(stages):
+        start = f"engine start {st['engine_start_seconds']:.1f} s"
+        if i == len(stages) - 1:
+            what = f"{st['audio_seconds']} s of audio in {st['chunks']} chunks, {st['generation_seconds']:.3f} s ({start})"
+        elif i == len(stages) - 2:
+            what = (f"{st['generated_tokens']} frames x {st['codebooks']} codebooks in {st['generation_seconds']:.3f} s "
+                    f"({start}; talker MTP: {st['talker_mtp']})")
+        else:
+            what = (f"{st.get('generated_tokens', '?')} tokens in {st['generation_seconds']:.3f} s ({start})"
+                    + (f" -> {summary['text']!r}" if i == 0 else ""))
+        lines.append(f"{name + ':':<9} {what}")
+    written = ", ".join(["out.wav", *sorted(n for n in summary.get("written", []) if n != "out.wav")])
+    lines += [
+        f"engines:  started at once in {cs['graph_start_seconds']:.1f} s (the {len(stages)} starts add up to "
         f"{cs['serial_start_seconds']:.1f} s); wall {summary['wall_seconds']:.1f} s, "
         f"{'within' if cs['within_bound'] else 'over'} the goal of {cs['factor']} x (slowest start + generation) = "
         f"{cs['bound_seconds']:.1f} s",
-        f"wrote {summary['out_dir']}/out.wav, thinker.txt, codes.json, summary.json ({summary['total_seconds']} s total)",
+        f"wrote {summary['out_dir']}/{written} ({summary['total_seconds']} s total)",
     ]
+    return lines
 
 
 def add_run_command(sub: Any) -> None:
@@ -81,11 +98,25 @@ def add_run_command(sub: Any) -> None:
     from core.pipeline.config import TALKER_MAX_MODEL_LEN, THINKER_MAX_MODEL_LEN
 
     description = RUN_HELP.format(max_tokens=THINKER_MAX_MODEL_LEN - 1, chunk_frames=TALKER_MAX_MODEL_LEN)
-    p = sub.add_parser("run", help="run the demo omni pipeline (thinker -> talker -> code2wav)", description=description,
+    p = sub.add_parser("run", help="run an omni pipeline: a checkpoint (--model) or the demo", description=description,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_device_argument(p)
-    p.add_argument("--prompt", default="Hello! Tell me about omni models.", help="text for the thinker (default: %(default)r)")
-    p.add_argument("--voice", type=int, default=0, help="talker voice id, 0..num_voices-1 (default: %(default)s)")
+    p.add_argument("--model", default=None, metavar="DIR",
+                   help="a local checkpoint folder (Qwen3-TTS, released layout); default: the demo pipeline")
+    p.add_argument("--prompt", default="Hello! Tell me about omni models.",
+                   help="the text (the demo: for the thinker; default: %(default)r)")
+    p.add_argument("--voice", default=None,
+                   help="with --model: a speaker of the checkpoint (CustomVoice default: its first); the demo: a "
+                        "talker voice id, 0..num_voices-1 (default: 0)")
+    p.add_argument("--language", default=None, help="with --model: the language (vLLM-Omni's 'language'; default Auto)")
+    p.add_argument("--instructions", default=None, help="with --model: how to speak (vLLM-Omni's 'instructions')")
+    p.add_argument("--task-type", default=None, metavar="TYPE",
+                   help="with --model: CustomVoice / VoiceDesign / Base (default: the checkpoint's tts_model_type)")
+    p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+                   help="with --model: the most codec frames to make (default: the deploy config's)")
+    p.add_argument("--stage-overrides", default=None, metavar="JSON",
+                   help="per-stage overrides of the deploy defaults, as serve's (vLLM-Omni's --stage-overrides), "
+                        "e.g. '{\"0\": {\"default_sampling_params\": {\"temperature\": 0}}}'")
     p.add_argument("--max-tokens", type=int, default=32,
                    help=f"thinker tokens to generate, 1..{THINKER_MAX_MODEL_LEN - 1} (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed; same seed -> identical out.wav (default: %(default)s)")
@@ -105,9 +136,10 @@ def add_run_command(sub: Any) -> None:
     p.add_argument("--runner", choices=("auto", "v1", "v2"), default="auto",
                    help="vLLM model runner: v1, v2 (sets VLLM_USE_V2_MODEL_RUNNER) or auto, vLLM's choice "
                         "(default: %(default)s)")
-    p.add_argument("--chunk-frames", type=int, default=16, metavar="N",
-                   help=f"talker frames per code2wav request, 1..{TALKER_MAX_MODEL_LEN}: audio streams out every N frames; the audio "
-                        "itself does not depend on N (default: %(default)s)")
+    p.add_argument("--chunk-frames", type=int, default=None, metavar="N",
+                   help=f"frames per code2wav request, 1..{TALKER_MAX_MODEL_LEN}: audio streams out every N frames; the "
+                        "demo's audio depends on N only by float rounding (default: the demo's 16; a checkpoint's deploy "
+                        "default)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_cmd_run)
 

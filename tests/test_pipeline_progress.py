@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from core.pipeline.graph.engines import STAGES, _say_while_starting
+from core.pipeline.config import STAGES
+from core.pipeline.graph.engines import _say_while_starting
 
 
 def test_the_heartbeat_names_the_stages_still_starting_until_cancelled():
@@ -14,7 +15,7 @@ def test_the_heartbeat_names_the_stages_still_starting_until_cancelled():
     ready: dict[str, dict] = {}
 
     async def main() -> None:
-        beat = asyncio.ensure_future(_say_while_starting(said.append, ready, time.perf_counter(),
+        beat = asyncio.ensure_future(_say_while_starting(said.append, ready, STAGES, time.perf_counter(),
                                                          graphs=True, every=0.05))
         await asyncio.sleep(0.12)  # two beats, nothing ready
         ready[STAGES[0]] = {}
@@ -38,7 +39,7 @@ def test_an_eager_start_does_not_mention_graphs():
     said: list[str] = []
 
     async def main() -> None:
-        beat = asyncio.ensure_future(_say_while_starting(said.append, {}, 0.0, graphs=False, every=0.02))
+        beat = asyncio.ensure_future(_say_while_starting(said.append, {}, STAGES, 0.0, graphs=False, every=0.02))
         await asyncio.sleep(0.05)
         beat.cancel()
 

@@ -1,20 +1,20 @@
-"""The main job: thinker -> talker (+MTP) -> code2wav on real vLLM engines.
+"""The main job: a declared pipeline on real vLLM engines -- the demo's thinker -> talker (+MTP) -> code2wav,
+or a checkpoint's (Qwen3-TTS: talker -> code2wav).
 
-The stages are one stage graph (:class:`~core.pipeline.graph.StageGraph`):
-three resident vLLM ``AsyncLLM`` engines over the core runner on the selected
-driver, started concurrently; a request is pipelined through them (the
-talker's frames streamed to code2wav in chunks). ``omni-backends run`` is its
-in-process client, ``omni-backends serve`` (``core.serving``) its server.
+A pipeline is a declaration (:mod:`~core.pipeline.spec`: ``PipelineSpec`` / ``StageSpec``; the declarations in
+:mod:`~core.pipeline.declarations`); the stage graph (:class:`~core.pipeline.graph.StageGraph`) runs any of
+them: one resident vLLM ``AsyncLLM`` engine per stage over the core runner on the selected driver, started
+concurrently; a request is pipelined through them (the frames streamed to the audio stage in chunks).
+``omni-backends run`` is its in-process client, ``omni-backends serve`` (``core.serving``) its server.
 
 :func:`run_pipeline` validates every input first (so bad input fails before
 any engine starts), starts the graph, synthesises one request, shuts the
 graph down, and writes its outputs into a temporary folder that is renamed
 into place only when everything succeeded:
 
-- ``out.wav``       mono 16-bit PCM at the code2wav model's sample rate
-- ``thinker.txt``   the thinker's text
-- ``codes.json``    the talker's codec tokens, ``[T][K]`` (codebook 0 sampled,
-  1..K-1 from the MTP head)
+- ``out.wav``       mono 16-bit PCM at the pipeline's sample rate (the demo's 16 kHz, Qwen3-TTS's 24 kHz)
+- ``thinker.txt``   the demo thinker's text (the declaration's ``text_stage``)
+- ``codes.json``    the codec frames, ``[T][K]`` (codebook 0 sampled, 1..K-1 from the MTP head)
 - ``summary.json``  driver and why, per-stage token counts, engine start and
   generation times, the run's wall time against the concurrent-start bound
 
@@ -22,11 +22,12 @@ The modules, one job each, in the order they call one another (each imports
 only those below it):
 
 - :mod:`~core.pipeline.run`      ``run_pipeline``: device, checks, the graph, outputs;
-- :mod:`~core.pipeline.graph`    the stage graph (``StageGraph``, ``SpeechRequest``, ``AudioChunk``,
-  ``SpeechResult``), the shared interface of ``run`` and the server; a package: ``requests``, ``engines``,
-  ``flow``;
+- :mod:`~core.pipeline.graph`    the stage graph (``StageGraph``, ``AudioChunk``, ``SpeechResult``), the shared
+  interface of ``run`` and the server; a package: ``requests``, ``engines``, ``flow``;
+- :mod:`~core.pipeline.declarations`  the declared pipelines and which one a model runs (``resolve``);
+- :mod:`~core.pipeline.spec`     ``PipelineSpec``, ``StageSpec``, ``ChunkWindow``, ``PipelineModel``;
 - :mod:`~core.pipeline.audio`    the audio bytes (``pcm16``, ``wav_bytes``) of ``out.wav`` and the server;
-- :mod:`~core.pipeline.inputs`   the inputs on disk (``validate``, ``validate_models``);
+- :mod:`~core.pipeline.inputs`   the demo's inputs on disk (``validate_models``), the output folder's check;
 - :mod:`~core.pipeline.config`   ``RunConfig``, ``GraphConfig``, the shared engine settings, the device defaults;
 - :mod:`~core.pipeline.faults`   reading a stage's failure, the dead-engine watchdog;
 - :mod:`~core.pipeline.release`  releasing an engine (shutdown, then its processes gone).
@@ -52,7 +53,6 @@ from core.pipeline.config import (
 )
 from core.pipeline.faults import DEVICE_MEMORY_SIGNS, ENGINE_DEAD_ERROR
 from core.pipeline.graph import engine_config
-from core.pipeline.inputs import validate
 from core.pipeline.release import (
     ENGINE_CORE_PROCESSES,
     ENGINE_CORE_SHUTDOWN,
@@ -70,5 +70,5 @@ __all__ = [
     "ENGINE_RELEASE_TIMEOUT", "GRAPH_MODES", "MAX_SEED", "RUNNERS", "STAGES",
     "TALKER_MAX_MODEL_LEN", "THINKER_MAX_MODEL_LEN", "GraphConfig", "RunConfig", "check_engine_choices", "default_model_dir",
     "device_defaults", "engine_config", "engine_kw", "engine_processes", "release_engine", "run_pipeline",
-    "shutdown_engine", "validate", "wait_engine_released",
+    "shutdown_engine", "wait_engine_released",
 ]

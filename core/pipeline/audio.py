@@ -45,3 +45,20 @@ def wav_bytes(pcm: bytes, sample_rate: int) -> bytes:
         w.setframerate(sample_rate)
         w.writeframes(pcm)
     return buf.getvalue()
+
+
+#: the RIFF and data sizes of a WAV streamed before its length is known (what WAV readers of a stream accept)
+UNKNOWN_SIZE = 0xFFFFFFFF
+
+
+def streaming_wav_header(sample_rate: int) -> bytes:
+    """The 44-byte header of a mono 16-bit PCM WAV streamed before its length is known: the RIFF and ``data``
+    chunk sizes are :data:`UNKNOWN_SIZE` (as vLLM-Omni's raw WAV streaming sends them); the PCM of :func:`pcm16`
+    follows. Raises ``ValueError`` for a sample rate that is not a positive integer."""
+    import struct
+
+    if not isinstance(sample_rate, int) or isinstance(sample_rate, bool) or sample_rate <= 0:
+        raise ValueError(f"sample_rate must be a positive integer (Hz), got {sample_rate!r}")
+    return (b"RIFF" + struct.pack("<I", UNKNOWN_SIZE) + b"WAVEfmt "
+            + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * SAMPLE_WIDTH, SAMPLE_WIDTH, 16)
+            + b"data" + struct.pack("<I", UNKNOWN_SIZE))

@@ -13,8 +13,9 @@ from typing import Any
 from core.stage import GRAPH_MODES, RUNNERS
 from omni_backends.errors import BadInputError
 
+#: the demo pipeline's stages (``core.pipeline.declarations.demo``)
 STAGES = ("thinker", "talker", "code2wav")
-#: engine settings shared by the three stages on every device. fp32: the demo weights are fp32 and the talker's
+#: the demo's engine settings, shared by its three stages on every device. fp32: the demo weights are fp32 and the talker's
 #: codes must equal the plain-PyTorch reference (vLLM's ``dtype="auto"`` would run an fp32 checkpoint in bf16).
 ENGINE_KW: dict[str, Any] = dict(dtype="float32", max_num_seqs=8)
 THINKER_MAX_MODEL_LEN = 512
@@ -54,20 +55,30 @@ class RunConfig:
 
     ``prompt``: non-empty text; ``device``: driver name / alias, ``"auto"``,
     ``""`` (= auto) or ``None`` (``OMNI_BACKENDS_DEVICE``, then auto);
-    ``voice``: talker voice id, >= 0 (the upper bound is the talker's
-    ``num_voices``, checked against its config); ``max_tokens``: thinker tokens,
-    1..THINKER_MAX_MODEL_LEN-1; ``seed``: 0..2**32-1; ``out``: output directory;
-    ``model_dir``: demo models (``None``: the cache); ``multiprocess``: one
-    process per engine core.
+    ``voice``: the demo talker's voice id, >= 0 (the upper bound is the talker's
+    ``num_voices``, checked against its config), or a checkpoint's speaker name;
+    ``max_tokens``: the demo thinker's tokens, 1..THINKER_MAX_MODEL_LEN-1;
+    ``seed``: 0..2**32-1; ``out``: output directory; ``model``: a checkpoint
+    folder (``--model``; ``None``: the demo); ``model_dir``: demo models
+    (``None``: the cache); ``language``, ``instructions``, ``task_type``,
+    ``max_new_tokens``: a checkpoint's request fields (vLLM-Omni's names; the
+    declaration checks them); ``multiprocess``: one process per engine core.
     """
 
     prompt: str = "Hello! Tell me about omni models."
     device: str | None = None
-    voice: int = 0
+    voice: int | str | None = 0
     max_tokens: int = 32
     seed: int = 0
     out: str = "out"
     model_dir: str | None = None
+    model: str | None = None
+    language: str | None = None
+    instructions: str | None = None
+    task_type: str | None = None
+    max_new_tokens: int | None = None
+    #: per-stage overrides of the pipeline's deploy defaults (``--stage-overrides``; :func:`parse_stage_overrides`)
+    stage_overrides: dict[str, dict[str, Any]] | None = None
     #: vLLM's multiprocess engine (an engine-core process per stage); ``None``: the device's default
     #: (:func:`device_defaults`: multiprocess where the driver captures graphs, else in-process)
     multiprocess: bool | None = None
@@ -78,8 +89,9 @@ class RunConfig:
     graph_mode: str | None = None
     #: ``v1`` / ``v2`` sets ``VLLM_USE_V2_MODEL_RUNNER``; ``auto`` keeps vLLM's choice (or the variable if set)
     runner: str = "auto"
-    #: talker frames per code2wav request (the stage graph's chunk schedule; the audio does not depend on it)
-    chunk_frames: int = DEFAULT_CHUNK_FRAMES
+    #: frames per audio-stage request (the stage graph's chunk schedule); ``None``: the declaration's (the demo's
+    #: 16, where the audio depends on it only by float rounding; a checkpoint's deploy default)
+    chunk_frames: int | None = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -90,15 +102,61 @@ class RunConfig:
             raise BadInputError(f"prompt (--prompt) must be text, got {type(self.prompt).__name__}")
         if not self.prompt.strip():
             raise BadInputError("the prompt is empty; pass some text with --prompt")
-        _check_int(self.voice, "voice", "--voice", 0)
+        if self.voice is not None and (not isinstance(self.voice, str) or not self.voice.strip()):
+            _check_int(self.voice, "voice", "--voice", 0)
         _check_int(self.max_tokens, "max_tokens", "--max-tokens", 1, THINKER_MAX_MODEL_LEN - 1)
+        for name in ("language", "instructions", "task_type"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise BadInputError(f"{name} (--{name.replace('_', '-')}) must be text, got {value!r}")
+        if self.max_new_tokens is not None:
+            _check_int(self.max_new_tokens, "max_new_tokens", "--max-new-tokens", 1)
         _check_int(self.seed, "seed", "--seed", 0, MAX_SEED)
         if not isinstance(self.out, str) or not self.out.strip():
             raise BadInputError(f"out (--out) must be a directory path, got {self.out!r}")
-        if self.model_dir is not None and (not isinstance(self.model_dir, str) or not self.model_dir.strip()):
-            raise BadInputError(f"model_dir (--model-dir) must be a directory path or None, got {self.model_dir!r}")
+        _check_models(self)
         _check_engine_options(self)
-        _check_int(self.chunk_frames, "chunk_frames", "--chunk-frames", 1, TALKER_MAX_MODEL_LEN)
+        if self.chunk_frames is not None:
+            _check_int(self.chunk_frames, "chunk_frames", "--chunk-frames", 1, TALKER_MAX_MODEL_LEN)
+        _check_stage_overrides(self.stage_overrides)
+
+
+def _check_stage_overrides(value: Any) -> None:
+    """``None`` or stage (id or name) -> {key -> value}; :class:`BadInputError` otherwise."""
+    if value is None:
+        return
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in value.items()):
+        raise BadInputError(f"stage_overrides (--stage-overrides) must map stage ids or names to objects, "
+                            f"got {value!r}"[:300])
+
+
+def parse_stage_overrides(text: str | None) -> dict[str, dict[str, Any]] | None:
+    """``--stage-overrides`` as vLLM-Omni's ``serve`` takes it: a JSON object mapping a stage id (``"0"``, ``"1"``,
+    in the pipeline's order) or a stage name to that stage's overrides of the deploy defaults -- engine arguments
+    (``max_num_seqs``, ``max_model_len``, ``dtype``, ...) and ``default_sampling_params`` (``SamplingParams``
+    fields over the stage's default sampling), e.g. ``{"0": {"default_sampling_params": {"temperature": 0}}}``.
+    :class:`BadInputError` for text that is not such an object."""
+    import json
+
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise BadInputError(f"--stage-overrides is not valid JSON ({exc}); e.g. "
+                            "'{\"0\": {\"max_num_seqs\": 8}}'") from exc
+    _check_stage_overrides(value)
+    return value
+
+
+def _check_models(cfg: Any) -> None:
+    """``model`` (``--model``) and ``model_dir`` (``--model-dir``): each a path or None, not both."""
+    for name, flag in (("model", "--model"), ("model_dir", "--model-dir")):
+        value = getattr(cfg, name)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise BadInputError(f"{name} ({flag}) must be a directory path or None, got {value!r}")
+    if cfg.model is not None and cfg.model_dir is not None:
+        raise BadInputError("--model (a checkpoint) and --model-dir (the demo models) exclude each other; pass one")
 
 
 def _check_engine_options(cfg: Any) -> None:
@@ -120,18 +178,21 @@ def _check_engine_options(cfg: Any) -> None:
 
 @dataclasses.dataclass
 class GraphConfig:
-    """What :meth:`core.pipeline.graph.StageGraph.start` starts: the three stages' engines.
+    """What :meth:`core.pipeline.graph.StageGraph.start` starts: the engines of the pipeline declared for
+    ``model`` (:func:`core.pipeline.declarations.resolve`).
 
-    ``model_dir``: the demo models (``None``: the cache, created on first use); ``device``: as
-    :class:`RunConfig`'s; ``chunk_frames``: talker frames per code2wav request, 1..TALKER_MAX_MODEL_LEN;
-    ``seed``: the engines' seed, 0..2**32-1 (a request's sampling seed is its own,
-    :class:`~core.pipeline.graph.SpeechRequest`); ``multiprocess``, ``enforce_eager``, ``graph_mode``,
+    ``model``: a checkpoint folder (``--model``, e.g. Qwen3-TTS in its released layout; ``None``: the demo);
+    ``model_dir``: the demo models (``--model-dir``; ``None``: the cache, created on first use); ``device``: as
+    :class:`RunConfig`'s; ``chunk_frames``: frames per audio-stage chunk, 1..TALKER_MAX_MODEL_LEN (``None``:
+    the declaration's; the demo's 16, Qwen3-TTS's deploy default); ``seed``: the engines' seed, 0..2**32-1 (a
+    request's sampling seed is its own); ``multiprocess``, ``enforce_eager``, ``graph_mode``,
     ``runner``: as :class:`RunConfig`'s. Checked when made: :class:`BadInputError` naming the field.
     """
 
     model_dir: str | None = None
     device: str | None = None
-    chunk_frames: int = DEFAULT_CHUNK_FRAMES
+    chunk_frames: int | None = None
+    model: str | None = None
     seed: int = 0
     multiprocess: bool | None = None
     enforce_eager: bool | None = None
@@ -140,28 +201,33 @@ class GraphConfig:
     #: stage -> vLLM ``StatLoggerFactory`` list for that stage's ``AsyncLLM`` (the serve command's per-stage
     #: Prometheus loggers, ``core.serving.metrics``); ``None``: vLLM's stats off, as ``vllm.LLM``'s
     stat_loggers: dict[str, list[Any]] | None = None
+    #: stage id (``"0"``...) or name -> overrides of the pipeline's deploy defaults, as vLLM-Omni's
+    #: ``--stage-overrides``: engine arguments (merged over the declaration's) and ``default_sampling_params``
+    #: (``SamplingParams`` fields over the stage's default sampling; the declaration says which stages take them)
+    stage_overrides: dict[str, dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         self.check()
 
     def check(self) -> None:
         """Check every value's type and range (no file system, no vLLM); raises :class:`BadInputError`."""
-        if self.model_dir is not None and (not isinstance(self.model_dir, str) or not self.model_dir.strip()):
-            raise BadInputError(f"model_dir (--model-dir) must be a directory path or None, got {self.model_dir!r}")
+        _check_models(self)
         if self.stat_loggers is not None and (not isinstance(self.stat_loggers, dict)
-                                              or set(self.stat_loggers) - set(STAGES)):
-            raise BadInputError(f"stat_loggers must map stage names ({', '.join(STAGES)}) to vLLM stat logger "
-                                f"factories, got {self.stat_loggers!r}")
-        _check_int(self.chunk_frames, "chunk_frames", "--chunk-frames", 1, TALKER_MAX_MODEL_LEN)
+                                              or not all(isinstance(k, str) for k in self.stat_loggers)):
+            raise BadInputError(f"stat_loggers must map stage names to vLLM stat logger factories, "
+                                f"got {self.stat_loggers!r}")
+        if self.chunk_frames is not None:
+            _check_int(self.chunk_frames, "chunk_frames", "--chunk-frames", 1, TALKER_MAX_MODEL_LEN)
         _check_int(self.seed, "seed", "--seed", 0, MAX_SEED)
         _check_engine_options(self)
+        _check_stage_overrides(self.stage_overrides)
 
     @classmethod
     def of_run(cls, cfg: RunConfig) -> "GraphConfig":
         """The graph a :class:`RunConfig` runs on (its engine options; its seed also seeds the engines)."""
-        return cls(model_dir=cfg.model_dir, device=cfg.device, chunk_frames=cfg.chunk_frames, seed=cfg.seed,
+        return cls(model=cfg.model, model_dir=cfg.model_dir, device=cfg.device, chunk_frames=cfg.chunk_frames, seed=cfg.seed,
                    multiprocess=cfg.multiprocess, enforce_eager=cfg.enforce_eager, graph_mode=cfg.graph_mode,
-                   runner=cfg.runner)
+                   runner=cfg.runner, stage_overrides=cfg.stage_overrides)
 
 
 def device_defaults(cfg: Any, backend: Any) -> Any:

@@ -8,7 +8,7 @@ import os
 import tempfile
 from typing import Any
 
-from core.pipeline.config import STAGES, THINKER_MAX_MODEL_LEN, RunConfig
+from core.pipeline.config import STAGES, THINKER_MAX_MODEL_LEN
 from omni_backends.errors import BadInputError
 
 
@@ -96,29 +96,6 @@ def check_prompt_fits(n_prompt: int, max_tokens: int, field: str = "--max-tokens
             f"prompt is {n_prompt} tokens; with {field} {max_tokens} that exceeds the thinker's context of "
             f"{THINKER_MAX_MODEL_LEN} tokens. Shorten the prompt or lower {field}."
         )
-
-
-def validate(cfg: RunConfig, backend: Any) -> dict[str, dict[str, Any]]:
-    """Check every input before an engine starts; returns stage -> config.json.
-
-    Cheap checks first (no vLLM, no transformers): empty prompt, bad
-    ``max_tokens``, missing/corrupt model files, voice id out of range,
-    unwritable output directory. Then what needs the device stack: a head
-    size the device cannot run (``Backend.check_model_config``) and a prompt
-    longer than the thinker's context (its tokenizer). Raises
-    :class:`BadInputError` saying what to do.
-    """
-    cfg.check()
-    model_dir = cfg.model_dir
-    configs = _read_models(model_dir)
-    n_voices = int(configs["talker"].get("num_voices", 1))
-    if not 0 <= cfg.voice < n_voices:
-        raise BadInputError(f"voice id {cfg.voice} is out of range: the talker has voices 0..{n_voices - 1}")
-    _check_out_dir(cfg.out)
-    for stage in STAGES:
-        backend.check_model_config(configs[stage])
-    check_prompt_fits(len(_thinker_tokenizer(model_dir)(cfg.prompt)["input_ids"]), cfg.max_tokens)
-    return configs
 
 
 def _thinker_tokenizer(model_dir: str) -> Any:

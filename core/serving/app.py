@@ -32,7 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from core.serving.metrics import CONTENT_TYPE, ServingMetrics
-from core.serving.protocol import ApiError, SpeechOptions, bad_request, graph_refusal, parse_speech, voice_names
+from core.serving.protocol import ApiError, bad_request, graph_refusal, parse_speech, parse_tts_speech
 from core.serving.request_limits import DEFAULT_MAX_BODY_BYTES, SPEECH_PATH, decode_json, install
 from omni_backends.errors import BadInputError, StageFailedError
 
@@ -52,7 +52,8 @@ class ServerState:
     draining: bool = False
     metrics: ServingMetrics = dataclasses.field(default_factory=ServingMetrics)
     on_stage_dead: Callable[[str], None] | None = None
-    #: the stage graph's request class (``core.pipeline.graph.SpeechRequest``); None: imported on first use
+    #: the demo pipeline's request class (``core.pipeline.declarations.demo.SpeechRequest``); None: imported on
+    #: first use
     request_cls: Any = None
     #: request bodies over this many bytes are 413, read no further (``--max-body-bytes``)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -111,8 +112,18 @@ class _ClosingStream(StreamingResponse):
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
-def _sse(event: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(event)}\n\n".encode()
+def _sse(event: dict[str, Any], named: bool = False) -> bytes:
+    """One server-sent event; ``named``: with an ``event:`` line naming its type (vLLM-Omni's framing)."""
+    data = f"data: {json.dumps(event)}\n\n"
+    return (f"event: {event['type']}\n{data}" if named else data).encode()
+
+
+def _sse_error(err: ApiError, omni: bool) -> bytes:
+    """The error event ending a stream: vLLM-Omni's ``speech.audio.error`` (``{"type", "error": {...}}``) or the
+    demo's ``error`` (``{"type", "error"...}`` flattened)."""
+    if omni:
+        return _sse({"type": "speech.audio.error", **err.body()}, True)
+    return _sse({"type": "error", **err.body()})
 
 
 def _usage(result: Any) -> dict[str, int]:
@@ -123,7 +134,8 @@ def _usage(result: Any) -> dict[str, int]:
 def _done_event(result: Any, submitted_at: float, sample_rate: int) -> dict[str, Any]:
     return {"type": "speech.audio.done", "usage": _usage(result), "request_id": result.request_id,
             "samples": int(result.samples), "sample_rate": sample_rate, "submitted_at": submitted_at,
-            "timings": {k: float(v) for k, v in result.timings.items()}, "thinker_text": result.thinker_text}
+            "timings": {k: float(v) for k, v in result.timings.items()}, "text": result.text,
+            "codes": result.codes.tolist()}
 
 
 class SpeechHandler:
@@ -132,11 +144,14 @@ class SpeechHandler:
     def __init__(self, graph: Any, state: ServerState):
         self.graph = graph
         self.state = state
+        #: which request the pipeline serves (its declaration's ``speech_api``): ``openai`` (the demo's) or
+        #: ``vllm-omni-tts`` (vLLM-Omni's Qwen3-TTS request, its ``speech.audio.*`` SSE events)
+        self.api = getattr(getattr(graph, "spec", None), "speech_api", "openai")
 
-    def _request(self, opts: SpeechOptions, request_id: str) -> Any:
+    def _request(self, opts: Any, request_id: str) -> Any:
         cls = self.state.request_cls
         if cls is None:
-            from core.pipeline.graph import SpeechRequest as cls  # noqa: N813 - the graph's class
+            from core.pipeline.declarations.demo import SpeechRequest as cls  # noqa: N813 - the demo's class
 
             self.state.request_cls = cls
         return cls(text=opts.text, voice=opts.voice, seed=opts.seed, max_tokens=opts.max_tokens,
@@ -171,10 +186,16 @@ class SpeechHandler:
                                            "send the request to another instance"))
         try:
             body = decode_json(await request.body())
-            opts = parse_speech(body, model_name=self.state.model_name, num_voices=int(self.graph.num_voices))
-            req = self._request(opts, f"speech-{uuid.uuid4().hex}")
+            rid = f"speech-{uuid.uuid4().hex}"
+            if self.api == "vllm-omni-tts":
+                opts = parse_tts_speech(body, model_name=self.state.model_name,
+                                        sample_rate=int(self.graph.sample_rate))
+                req = opts.request
+            else:
+                opts = parse_speech(body, model_name=self.state.model_name, num_voices=int(self.graph.num_voices))
+                req = self._request(opts, rid)
             try:
-                self.graph.check(req)
+                self.graph.check(req, request_id=rid)
             except BadInputError as exc:
                 raise graph_refusal(exc) from exc
             except (TypeError, ValueError, UnicodeError) as exc:  # e.g. the tokenizer refused the text
@@ -191,8 +212,8 @@ class SpeechHandler:
         m.in_flight.set(self.state.in_flight)
         release = self._releaser()
         if opts.stream:
-            return await self._stream(request, req, opts, release)
-        return await self._whole(request, req, opts, release)
+            return await self._stream(request, req, rid, opts, release)
+        return await self._whole(request, req, rid, opts, release)
 
     def _releaser(self) -> Callable[..., None]:
         done = False
@@ -208,8 +229,8 @@ class SpeechHandler:
 
         return release
 
-    def _headers(self, req: Any, submitted_at: float) -> dict[str, str]:
-        return {"X-Request-Id": str(req.request_id), "X-Sample-Rate": str(int(self.graph.sample_rate)),
+    def _headers(self, rid: str, submitted_at: float) -> dict[str, str]:
+        return {"X-Request-Id": rid, "X-Sample-Rate": str(int(self.graph.sample_rate)),
                 "X-Submitted-At": repr(submitted_at)}
 
     def _timings(self, result: Any, submitted_at: float, first: float | None) -> dict[str, float | None]:
@@ -217,7 +238,8 @@ class SpeechHandler:
                 "wall_s": time.perf_counter() - submitted_at,
                 "audio_s": int(result.samples) / int(self.graph.sample_rate)}
 
-    def _produce(self, req: Any, submitted_at: float, release: Callable[..., None]) -> tuple[asyncio.Task, asyncio.Queue]:
+    def _produce(self, req: Any, rid: str, submitted_at: float,
+                 release: Callable[..., None]) -> tuple[asyncio.Task, asyncio.Queue]:
         """Start synthesising ``req`` in a task of its own, outside Starlette's cancel scopes (so that cancelling
         it -- the client went away -- runs the graph's abort once, undisturbed). Its items (chunks, then the
         result) go to the returned queue, then either ``_END`` or the exception that ended it; the concurrency
@@ -229,7 +251,7 @@ class SpeechHandler:
 
         async def produce() -> None:
             try:
-                async for item in self.graph.synthesize(req):
+                async for item in self.graph.synthesize(req, request_id=rid):
                     if _is_chunk(item) and not first:
                         first.append(float(item.ready_at))
                     elif not _is_chunk(item):
@@ -249,12 +271,12 @@ class SpeechHandler:
         task.add_done_callback(lambda _: release(end["outcome"], **end["timings"]))
         return task, queue
 
-    async def _whole(self, request: Request, req: Any, opts: SpeechOptions, release: Callable[..., None]) -> Response:
+    async def _whole(self, request: Request, req: Any, rid: str, opts: Any, release: Callable[..., None]) -> Response:
         from core.pipeline.audio import pcm16, wav_bytes
 
         submitted_at = time.perf_counter()
-        task, queue = self._produce(req, submitted_at, release)
-        headers = self._headers(req, submitted_at)
+        task, queue = self._produce(req, rid, submitted_at, release)
+        headers = self._headers(rid, submitted_at)
         try:
             await _unless_disconnected(request, asyncio.shield(task))
         except ClientGone:
@@ -272,14 +294,16 @@ class SpeechHandler:
         body = wav_bytes(pcm, int(self.graph.sample_rate)) if opts.response_format == "wav" else pcm
         return Response(body, media_type=MEDIA_TYPES[opts.response_format], headers=headers)
 
-    async def _stream(self, request: Request, req: Any, opts: SpeechOptions, release: Callable[..., None]) -> Response:
-        from core.pipeline.audio import pcm16
+    async def _stream(self, request: Request, req: Any, rid: str, opts: Any, release: Callable[..., None]) -> Response:
+        from core.pipeline.audio import pcm16, streaming_wav_header
 
         submitted_at = time.perf_counter()
-        task, queue = self._produce(req, submitted_at, release)
-        headers = self._headers(req, submitted_at)
+        task, queue = self._produce(req, rid, submitted_at, release)
+        headers = self._headers(rid, submitted_at)
         sse = opts.stream_format == "sse"
+        omni = self.api == "vllm-omni-tts"  # vLLM-Omni's SSE events (``event:`` lines, ``speech.audio.error``)
         sr = int(self.graph.sample_rate)
+        header = [streaming_wav_header(sr)] if opts.response_format == "wav" else []
         try:
             first = await _unless_disconnected(request, queue.get())
         except ClientGone:
@@ -294,11 +318,12 @@ class SpeechHandler:
                                   headers)
 
         def encode(chunk: Any) -> bytes:
-            pcm = pcm16(chunk.samples)
+            pcm = (header.pop() if header else b"") + pcm16(chunk.samples)  # a streamed WAV: its header first
             if not sse:
                 return pcm
             return _sse({"type": "speech.audio.delta", "audio": base64.b64encode(pcm).decode(),
-                         "index": int(chunk.index), "ready_at": float(chunk.ready_at)})
+                         "response_format": opts.response_format, "index": int(chunk.index),
+                         "ready_at": float(chunk.ready_at)}, omni)
 
         async def body() -> AsyncIterator[bytes]:
             item = first
@@ -307,17 +332,17 @@ class SpeechHandler:
                     if isinstance(item, StageFailedError):
                         if not sse:
                             raise item  # the connection is cut: the client sees an incomplete body
-                        yield _sse({"type": "error", **self._failed(item).body()})
+                        yield _sse_error(self._failed(item), omni)
                         return
                     if isinstance(item, BaseException):
                         if not sse:
                             raise item
-                        yield _sse({"type": "error", **self._crashed(item).body()})
+                        yield _sse_error(self._crashed(item), omni)
                         return
                     if _is_chunk(item):
                         yield encode(item)
                     elif sse:
-                        yield _sse(_done_event(item, submitted_at, sr))
+                        yield _sse(_done_event(item, submitted_at, sr), omni)
                     item = await queue.get()
             finally:
                 task.cancel()  # a no-op once synthesis ended; else the client is gone: abort in every stage
@@ -328,7 +353,7 @@ class SpeechHandler:
 
 def build_app(graph: Any, state: ServerState) -> FastAPI:
     """The FastAPI app serving ``graph`` (a started ``core.pipeline.graph.StageGraph``: ``check``,
-    ``synthesize``, ``running``, ``dead_stage``, ``sample_rate``, ``num_voices``) with ``state``."""
+    ``synthesize``, ``running``, ``dead_stage``, ``sample_rate``, ``voices``) with ``state``."""
     app = FastAPI(title="omni-backends", description="OpenAI-compatible speech over the omni stage graph",
                   docs_url=None, redoc_url=None)
     app.state.serving = state
@@ -342,7 +367,7 @@ def build_app(graph: Any, state: ServerState) -> FastAPI:
 
     @app.get("/v1/audio/voices")
     async def list_voices() -> dict[str, Any]:
-        return {"voices": voice_names(int(graph.num_voices))}
+        return {"voices": list(graph.voices)}
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:

@@ -34,21 +34,23 @@ dies fails its requests with 503 and the server exits with status 3.
 def _cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
 
+    from core.pipeline.config import parse_stage_overrides
     from core.serving.server import ServeConfig, serve
 
-    cfg = ServeConfig(device=args.device, host=args.host, port=args.port, model_dir=args.model_dir,
+    cfg = ServeConfig(device=args.device, host=args.host, port=args.port, model=args.model, model_dir=args.model_dir,
                       chunk_frames=args.chunk_frames, max_concurrency=args.max_concurrency,
                       model_name=args.served_model_name, drain_timeout=args.drain_timeout,
                       max_body_bytes=args.max_body_bytes,
                       enforce_eager=True if args.enforce_eager else None, graph_mode=args.graph_mode,
-                      runner=args.runner, seed=args.seed)
+                      runner=args.runner, seed=args.seed,
+                      stage_overrides=parse_stage_overrides(args.stage_overrides))
     return asyncio.run(serve(cfg))
 
 
 def add_serve_command(sub: Any) -> None:
     """Add ``serve`` to ``omni-backends``' sub-parsers."""
+    from core.pipeline.config import DEFAULT_CHUNK_FRAMES
     from core.serving.request_limits import DEFAULT_MAX_BODY_BYTES
-    from core.serving.server import DEFAULT_CHUNK_FRAMES
     from omni_backends.cli import add_device_argument
 
     p = sub.add_parser("serve", help="serve the demo omni pipeline: an OpenAI-compatible speech endpoint",
@@ -56,13 +58,18 @@ def add_serve_command(sub: Any) -> None:
     add_device_argument(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on; 0: any free port (default: %(default)s)")
+    p.add_argument("--model", default=None, metavar="DIR",
+                   help="a local checkpoint folder to serve (Qwen3-TTS, released layout: its config.json's "
+                        "model_type picks the pipeline); default: the demo")
     p.add_argument("--model-dir", default=None, help="demo models folder (default: created in ~/.cache/omni-backends)")
-    p.add_argument("--chunk-frames", type=int, default=DEFAULT_CHUNK_FRAMES,
-                   help="talker frames per code2wav chunk: smaller = earlier first audio (default: %(default)s)")
+    p.add_argument("--chunk-frames", type=int, default=None,
+                   help=f"frames per code2wav chunk: smaller = earlier first audio (default: the demo's "
+                        f"{DEFAULT_CHUNK_FRAMES}; a checkpoint's deploy default)")
     p.add_argument("--max-concurrency", type=int, default=32,
                    help="speech requests in flight; more are answered 429 (default: %(default)s)")
-    p.add_argument("--served-model-name", default="omni-demo",
-                   help="the model name clients send and /v1/models lists (default: %(default)s)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model name clients send and /v1/models lists (default: the --model folder's name; "
+                        "omni-demo for the demo)")
     p.add_argument("--drain-timeout", type=float, default=60.0,
                    help="seconds SIGTERM waits for in-flight requests before stopping (default: %(default)s)")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
@@ -74,4 +81,8 @@ def add_serve_command(sub: Any) -> None:
     p.add_argument("--runner", choices=("auto", "v1", "v2"), default="auto",
                    help="vLLM model runner (as run; default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="the engines' seed (a request's own is 'seed'; default: 0)")
+    p.add_argument("--stage-overrides", default=None, metavar="JSON",
+                   help="per-stage overrides of the deploy defaults (vLLM-Omni's --stage-overrides): stage id or "
+                        "name -> engine arguments and default_sampling_params, e.g. '{\"0\": {\"max_num_seqs\": 8, "
+                        "\"default_sampling_params\": {\"temperature\": 0}}}'")
     p.set_defaults(func=_cmd_serve)

@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from core.pipeline.config import DEFAULT_CHUNK_FRAMES, RunConfig
+from core.pipeline.config import RunConfig
 from core.serving.request_limits import DEFAULT_MAX_BODY_BYTES
 from omni_backends.errors import BadInputError
 
@@ -41,11 +41,13 @@ DEAD_SHUTDOWN_TIMEOUT_S = 3.0
 @dataclasses.dataclass
 class ServeConfig:
     """What :func:`serve` serves. ``device``: driver name / alias, ``"auto"``, ``""`` or ``None`` (as ``run``);
-    ``host`` / ``port``: where to listen (``port`` 0: any free port, printed); ``model_dir``: the demo models
-    (``None``: the cache, created on first use); ``chunk_frames``: talker frames per code2wav chunk (>= 1);
+    ``host`` / ``port``: where to listen (``port`` 0: any free port, printed); ``model``: a checkpoint folder
+    (``--model``, e.g. Qwen3-TTS; ``None``: the demo); ``model_dir``: the demo models (``None``: the cache,
+    created on first use); ``chunk_frames``: frames per audio-stage chunk (>= 1; ``None``: the pipeline's);
     ``max_concurrency``: speech requests in flight before 429 (>= 1); ``model_name``: the served model name
-    (``/v1/models``, a request's ``model``); ``drain_timeout``: seconds SIGTERM waits for in-flight requests;
-    ``max_body_bytes``: request bodies over it are 413, read no further (>= 1);
+    (``/v1/models``, a request's ``model``; ``None``: ``omni-demo`` for the demo, the checkpoint folder's
+    name); ``drain_timeout``: seconds SIGTERM waits for in-flight requests; ``max_body_bytes``: request bodies
+    over it are 413, read no further (>= 1);
     ``enforce_eager`` / ``graph_mode`` / ``runner`` / ``seed``: the engines' options, as ``RunConfig``'s.
     Every value is checked when made (:class:`BadInputError` naming the flag)."""
 
@@ -53,15 +55,18 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     model_dir: str | None = None
-    chunk_frames: int = DEFAULT_CHUNK_FRAMES
+    chunk_frames: int | None = None
     max_concurrency: int = 32
-    model_name: str = "omni-demo"
+    model_name: str | None = None
+    model: str | None = None
     drain_timeout: float = 60.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     enforce_eager: bool | None = None
     graph_mode: str | None = None
     runner: str = "auto"
     seed: int = 0
+    #: per-stage overrides of the pipeline's deploy defaults (``--stage-overrides``, vLLM-Omni's)
+    stage_overrides: dict[str, dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -72,18 +77,30 @@ class ServeConfig:
                                    ("max_concurrency", "--max-concurrency", 1, 100000),
                                    ("max_body_bytes", "--max-body-bytes", 1, 1 << 40)):
             value = getattr(self, name)
+            if value is None and name == "chunk_frames":
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
                 raise BadInputError(f"{name} ({flag}) must be an integer in {lo}..{hi}, got {value!r}")
         if not isinstance(self.host, str) or not self.host.strip():
             raise BadInputError(f"host (--host) must be an address to listen on, got {self.host!r}")
-        if not isinstance(self.model_name, str) or not self.model_name.strip():
+        if self.model_name is not None and (not isinstance(self.model_name, str) or not self.model_name.strip()):
             raise BadInputError(f"model_name (--served-model-name) must be a name, got {self.model_name!r}")
         if not isinstance(self.drain_timeout, (int, float)) or isinstance(self.drain_timeout, bool) \
                 or not self.drain_timeout >= 0:
             raise BadInputError(f"drain_timeout (--drain-timeout) must be seconds >= 0, got {self.drain_timeout!r}")
         # the engine options share RunConfig's checks (and messages)
-        RunConfig(device=self.device, model_dir=self.model_dir, enforce_eager=self.enforce_eager,
+        RunConfig(device=self.device, model=self.model, model_dir=self.model_dir, enforce_eager=self.enforce_eager,
+                  stage_overrides=self.stage_overrides,
                   graph_mode=self.graph_mode, runner=self.runner, seed=self.seed)
+
+
+def served_model_name(model: str | None) -> str:
+    """The name a server serves when ``--served-model-name`` is not given: the checkpoint folder's name
+    (``--model``), or ``omni-demo`` for the demo (vLLM names a local model by its path; vLLM-Omni's clients send
+    what ``GET /v1/models`` lists)."""
+    if model is None:
+        return "omni-demo"
+    return os.path.basename(os.path.normpath(os.path.abspath(model)))
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -168,16 +185,21 @@ async def serve(cfg: ServeConfig, say: Callable[[str], None] | None = None) -> i
     from core.serving.metrics import ServingMetrics, stage_stat_logger
     from omni_backends.registry import select
 
+    from core.pipeline.declarations import resolve
+
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     cfg.check()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    spec = resolve(cfg.model)  # a checkpoint no declaration serves fails here, before the device
+    model_name = cfg.model_name or served_model_name(cfg.model)
     sel = select(cfg.device)  # cheap: no vendor stack imported yet
     say(f"device: {sel.name} ({sel.rule}): {sel.reason}")
-    graph_cfg = GraphConfig(model_dir=cfg.model_dir, device=sel.name, chunk_frames=cfg.chunk_frames, seed=cfg.seed,
-                            enforce_eager=cfg.enforce_eager, graph_mode=cfg.graph_mode, runner=cfg.runner)
+    graph_cfg = GraphConfig(model=cfg.model, model_dir=cfg.model_dir, device=sel.name, chunk_frames=cfg.chunk_frames,
+                            seed=cfg.seed, enforce_eager=cfg.enforce_eager, graph_mode=cfg.graph_mode,
+                            runner=cfg.runner, stage_overrides=cfg.stage_overrides)
     from prometheus_client import CollectorRegistry
 
-    registries: dict[str, Any] = {stage: CollectorRegistry() for stage in ("thinker", "talker", "code2wav")}
+    registries: dict[str, Any] = {stage: CollectorRegistry() for stage in spec.stage_names}
     graph_cfg = dataclasses.replace(graph_cfg, stat_loggers={  # vLLM's metrics per stage, each in its registry
         stage: [stage_stat_logger(stage, reg)] for stage, reg in registries.items()})
     sock = bind(cfg.host, cfg.port)  # a busy port fails before any engine starts
@@ -193,7 +215,7 @@ async def serve(cfg: ServeConfig, say: Callable[[str], None] | None = None) -> i
     except BaseException:
         sock.close()
         raise
-    state = ServerState(model_name=cfg.model_name, max_concurrency=cfg.max_concurrency,
+    state = ServerState(model_name=model_name, max_concurrency=cfg.max_concurrency,
                         metrics=ServingMetrics(registries), on_stage_dead=life.stage_dead,
                         max_body_bytes=cfg.max_body_bytes)
     try:
@@ -205,7 +227,7 @@ async def serve(cfg: ServeConfig, say: Callable[[str], None] | None = None) -> i
         old = {sig: signal.signal(sig, life.on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         watcher = asyncio.ensure_future(_watch(graph, life, state))
         host, port = sock.getsockname()[:2]
-        say(f"serving {cfg.model_name!r} on http://{host}:{port} (stages started in "
+        say(f"serving {model_name!r} on http://{host}:{port} (stages started in "
             f"{time.perf_counter() - t0:.1f} s; POST /v1/audio/speech)")
         try:
             await server.serve(sockets=[sock])

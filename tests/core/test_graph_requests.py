@@ -1,13 +1,15 @@
-"""The stage graph's request check (``core.pipeline.graph.requests.check_request``), the one
-``StageGraph.check`` and the serving tests' fake graph both run: each bad field refused naming it, before any
-engine work (no engine here: the graph is built bare, with a word-counting tokenizer)."""
+"""The demo pipeline's request check (``core.pipeline.declarations.demo.check_request``), the one the demo
+declaration gives ``StageGraph.check`` and the serving tests' fake graph runs: each bad field refused naming it,
+before any engine work (no engine here: the graph is built bare, with a word-counting tokenizer)."""
 
 from __future__ import annotations
 
 import pytest
 
 from core.pipeline.config import MAX_SEED, THINKER_MAX_MODEL_LEN
-from core.pipeline.graph import SpeechRequest, StageGraph, check_request
+from core.pipeline.declarations.demo import DEMO, SpeechRequest, check_request, voice_names
+from core.pipeline.graph import StageGraph
+from core.pipeline.spec import ChunkWindow, PipelineModel
 from omni_backends.errors import BadInputError
 
 
@@ -40,8 +42,9 @@ def test_a_good_request_passes_at_the_bounds():
 
 
 def test_the_graph_checks_with_its_voices_tokenizer_and_requests_in_flight():
-    graph = StageGraph(None, {}, {"talker": {"num_voices": 2}, "code2wav": {}},
-                       lambda text: {"input_ids": [0] * _words(text)}, {})
+    model = PipelineModel(model_dir="demo", sample_rate=16000, samples_per_frame=160, voices=voice_names(2),
+                          window=ChunkWindow(16, 16), info={"tokenizer": lambda text: {"input_ids": [0] * _words(text)}})
+    graph = StageGraph(None, DEMO, model, {}, {})
     graph.check(SpeechRequest("hi", voice=1))
     with pytest.raises(BadInputError, match="voice must be in 0..1"):
         graph.check(SpeechRequest("hi", voice=2))

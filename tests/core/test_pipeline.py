@@ -221,7 +221,7 @@ def test_prompt_longer_than_context(tmp_path, demo_dir):
 
 
 def test_voice_out_of_range(tmp_path, demo_dir):
-    assert "voice id 9 is out of range" in _bad(["--voice", "9"], tmp_path, demo_dir=demo_dir)
+    assert "voice must be in 0..3, got 9" in _bad(["--voice", "9"], tmp_path, demo_dir=demo_dir)
 
 
 def test_missing_weight_file(tmp_path, broken_demo):

@@ -11,12 +11,15 @@ started once.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import os
 import time
 
 import pytest
 import torch
+
+from tests.core.precision import BATCH_COMPOSITION_PCM16_LSB, tolerance
 
 pytestmark = [pytest.mark.engine_tier, pytest.mark.slow]
 
@@ -60,7 +63,7 @@ REQUESTS = [("Hello omni", 0, 5, 8), ("A longer prompt for the thinker, with mor
 
 
 def _requests(prefix: str):
-    from core.pipeline.graph import SpeechRequest
+    from core.pipeline.declarations.demo import SpeechRequest
 
     return [SpeechRequest(text, voice=v, seed=s, max_tokens=m, request_id=f"{prefix}-{i}")
             for i, (text, v, s, m) in enumerate(REQUESTS)]
@@ -81,7 +84,7 @@ def test_a_request_streams_chunks_of_chunk_frames_then_its_result(graph, serial)
         assert all(c.samples.dtype == torch.float32 and c.samples.numel() == c.codes.shape[0] * graph.hop_length
                    for c in chunks)
         assert result.samples == frames * graph.hop_length
-        assert result.thinker_tokens == max_tokens and result.prompt_tokens > 0
+        assert result.generated_tokens == max_tokens and result.prompt_tokens > 0
         assert set(result.timings) >= {"thinker", "talker", "code2wav", "first_chunk", "total"}
 
 
@@ -90,12 +93,15 @@ def test_concurrent_requests_each_equal_their_serial_result(loop, graph, serial)
         return await asyncio.gather(*(_synth(graph, r) for r in _requests("together")))
 
     for (c_chunks, c_res), (s_chunks, s_res) in zip(loop.run_until_complete(together()), serial):
-        assert c_res.thinker_text == s_res.thinker_text
+        assert c_res.text == s_res.text
         assert torch.equal(c_res.codes, s_res.codes)
-        assert _pcm(c_chunks) == _pcm(s_chunks)
+        # batched with other requests' chunks, code2wav's floats may round to a neighbouring int16
+        # (tests/core/precision.py, "Batch composition"; seen on cpu under load): at most one LSB per sample
+        a, b = (array.array("h", _pcm(c)) for c in (c_chunks, s_chunks))
+        assert len(a) == len(b) and max((abs(x - y) for x, y in zip(a, b)), default=0) <= BATCH_COMPOSITION_PCM16_LSB
 
 
-def test_streamed_chunks_equal_one_whole_sequence_code2wav_forward(loop, graph, serial):
+def test_streamed_chunks_equal_one_whole_sequence_code2wav_forward(loop, graph, serial, test_device):
     from vllm.sampling_params import SamplingParams
 
     from core.payloads import EXTRA_ARGS_KEY, pack
@@ -110,11 +116,14 @@ def test_streamed_chunks_equal_one_whole_sequence_code2wav_forward(loop, graph, 
 
     for chunks, result in serial:
         streamed = torch.cat([c.samples for c in chunks])
-        assert torch.equal(streamed, loop.run_until_complete(whole(result.codes)))
+        # each chunk is one forward over the frames up to its end, the reference one over all of them: the same
+        # causal computation at other shapes, equal up to float rounding (the waveform tolerance of precision.py)
+        torch.testing.assert_close(streamed, loop.run_until_complete(whole(result.codes)),
+                                   **tolerance(test_device, "float32", "waveform"))
 
 
 def test_the_first_chunk_is_ready_before_the_talker_finished(loop, graph):
-    from core.pipeline.graph import SpeechRequest
+    from core.pipeline.declarations.demo import SpeechRequest
 
     chunks, result = loop.run_until_complete(_synth(graph, SpeechRequest("Stream me", max_tokens=48)))
     assert len(chunks) == 96 // CHUNK
@@ -125,7 +134,7 @@ def test_the_first_chunk_is_ready_before_the_talker_finished(loop, graph):
 def test_long_requests_keep_every_frame_when_their_chunk_prompts_repeat(loop, graph):
     # talker / code2wav prompts are placeholder ids: with vLLM's prefix cache on, a later chunk (or request) hit
     # an earlier one's cached KV and came back short (2560 samples for 144 frames, then an error)
-    from core.pipeline.graph import SpeechRequest
+    from core.pipeline.declarations.demo import SpeechRequest
 
     for i in range(2):
         chunks, result = loop.run_until_complete(_synth(graph, SpeechRequest("Say it twice", max_tokens=90,
@@ -136,7 +145,7 @@ def test_long_requests_keep_every_frame_when_their_chunk_prompts_repeat(loop, gr
 
 
 def test_closing_the_stream_aborts_the_request_in_every_stage(loop, graph):
-    from core.pipeline.graph import SpeechRequest
+    from core.pipeline.declarations.demo import SpeechRequest
 
     async def take_one_then_close():
         gen = graph.synthesize(SpeechRequest("Go away early", max_tokens=200, request_id="gone"))
@@ -155,7 +164,7 @@ def test_closing_the_stream_aborts_the_request_in_every_stage(loop, graph):
 
 
 def test_the_graph_keeps_serving_after_an_aborted_request(loop, graph, serial):
-    from core.pipeline.graph import SpeechRequest
+    from core.pipeline.declarations.demo import SpeechRequest
 
     text, voice, seed, max_tokens = REQUESTS[0]
     chunks, result = loop.run_until_complete(_synth(graph, SpeechRequest(text, voice, seed, max_tokens)))
@@ -168,7 +177,7 @@ def test_the_graph_keeps_serving_after_an_aborted_request(loop, graph, serial):
     ({"request_id": ""}, "request_id"), ({"text": "word " * 600}, "max_tokens"),
 ])
 def test_check_refuses_a_bad_request_naming_the_field_before_any_engine_work(loop, graph, kw, field):
-    from core.pipeline.graph import SpeechRequest
+    from core.pipeline.declarations.demo import SpeechRequest
     from omni_backends.errors import BadInputError
 
     req = SpeechRequest(**{"text": "Hello", **kw})
@@ -184,7 +193,7 @@ def test_check_refuses_a_bad_request_naming_the_field_before_any_engine_work(loo
 
 
 def test_a_request_id_in_flight_is_refused(loop, graph):
-    from core.pipeline.graph import SpeechRequest
+    from core.pipeline.declarations.demo import SpeechRequest
     from omni_backends.errors import BadInputError
 
     async def two():

@@ -35,7 +35,7 @@ def killed(loop, graph):
     """Two requests in flight (one streaming audio, one still waiting for its first chunk), then the talker's
     engine-core process is killed; what each request raised, a request after, the graph's dead stage, and the
     engine processes still alive after the graph's shutdown."""
-    from core.pipeline.graph import SpeechRequest
+    from core.pipeline.declarations.demo import SpeechRequest
     from core.pipeline.release import engine_core_processes
 
     async def scenario():

@@ -13,18 +13,26 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 
 class InstantGraph:
-    """What ``core.pipeline.run`` reads of a started ``StageGraph``; no engine."""
+    """What ``core.pipeline.run`` reads of a started ``StageGraph`` of the demo declaration; no engine."""
 
     sample_rate = 16000
     num_voices = 2
     stage_info = {**{s: {"engine_start_seconds": 0.0} for s in ("thinker", "talker", "code2wav")},
                   "graph": {"start_seconds": 0.0, "overlapped": True}}
 
+    def __init__(self) -> None:
+        from core.pipeline.declarations.demo import DEMO, voice_names
+        from core.pipeline.spec import ChunkWindow, PipelineModel
+
+        self.spec = DEMO
+        self.model = PipelineModel(model_dir="instant", sample_rate=self.sample_rate, samples_per_frame=4000,
+                                   voices=voice_names(self.num_voices), window=ChunkWindow(16, 16))
+
     @classmethod
     async def start(cls, cfg, backend, say=None):
         return cls()
 
-    async def synthesize(self, req):
+    async def synthesize(self, req, request_id=None):
         import torch
 
         from core.pipeline.graph import AudioChunk, SpeechResult

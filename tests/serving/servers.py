@@ -26,9 +26,10 @@ def start_server(demo: str, device: str, *extra: str, env: dict | None = None):
 
 
 def run_out_wav(demo: str, device: str, out: str, prompt: str, voice: int, seed: int,
-                max_tokens: int) -> subprocess.Popen:
-    """``omni-backends run`` (from this checkout) writing ``out``/out.wav; the started process."""
+                max_tokens: int, *extra: str) -> subprocess.Popen:
+    """``omni-backends run`` (from this checkout) writing ``out``/out.wav, with ``extra`` options (the server's
+    engine options, e.g. its ``--chunk-frames``); the started process."""
     cmd = [sys.executable, "-m", "omni_backends.cli", "run", "--device", device, "--model-dir", demo, "--out", out,
-           "--prompt", prompt, "--voice", str(voice), "--seed", str(seed), "--max-tokens", str(max_tokens)]
+           "--prompt", prompt, "--voice", str(voice), "--seed", str(seed), "--max-tokens", str(max_tokens), *extra]
     return subprocess.Popen(cmd, env={**os.environ, **ENV}, cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)

@@ -16,7 +16,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from core.pipeline.graph.requests import AudioChunk, SpeechRequest, SpeechResult, check_request  # noqa: E402
+from core.pipeline.declarations.demo import SpeechRequest, check_request  # noqa: E402
+from core.pipeline.graph.requests import AudioChunk, SpeechResult  # noqa: E402
 from core.serving.app import ServerState, build_app  # noqa: E402
 from core.serving.metrics import ServingMetrics  # noqa: E402
 from core.serving.protocol import MAX_INPUT_CHARS, parse_speech  # noqa: E402
@@ -31,6 +32,7 @@ class FakeGraph:
 
     sample_rate = 16000
     num_voices = 3
+    voices = ["voice-0", "voice-1", "voice-2"]
 
     def __init__(self, n_chunks: int = 3, chunk: int = 5):
         self.n_chunks, self.chunk = n_chunks, chunk
@@ -42,7 +44,7 @@ class FakeGraph:
         self.started: list[str] = []
         self.closed: list[str] = []
 
-    def check(self, req: SpeechRequest) -> None:
+    def check(self, req: SpeechRequest, request_id: str | None = None) -> None:
         self.checked.append(req)
         check_request(req, num_voices=self.num_voices, in_flight=set(self.started) - set(self.closed),
                       count_tokens=lambda text: 700 if "too long" in text else len(text.split()))
@@ -51,7 +53,8 @@ class FakeGraph:
         g = torch.Generator().manual_seed(req.seed * 100 + req.voice * 10 + i)
         return torch.rand(self.chunk, generator=g) * 2.4 - 1.2  # some beyond [-1, 1]: pcm16 clips
 
-    async def synthesize(self, req: SpeechRequest):
+    async def synthesize(self, req: SpeechRequest, request_id: str | None = None):
+        assert request_id == req.request_id  # the app names the request once, for both
         self.started.append(req.request_id)
         try:
             for i in range(self.n_chunks):

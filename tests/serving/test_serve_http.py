@@ -46,7 +46,9 @@ CHUNK_FRAMES = 4
 def served(demo_models, test_device, tmp_path_factory):
     """(server, the `run` process, its out dir): the run starts first so the two overlap."""
     out = str(tmp_path_factory.mktemp("run") / "out")
-    run = run_out_wav(demo_models, test_device, out, PROMPT, VOICE, SEED, MAX_TOKENS)
+    # the same engine options as the server's: code2wav's floats depend on its chunk shapes (one LSB at times)
+    run = run_out_wav(demo_models, test_device, out, PROMPT, VOICE, SEED, MAX_TOKENS, "--chunk-frames",
+                      str(CHUNK_FRAMES))
     try:
         server = start_server(demo_models, test_device, "--chunk-frames", str(CHUNK_FRAMES), "--max-concurrency", "64")
     except BaseException:

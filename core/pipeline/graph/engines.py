@@ -1,6 +1,6 @@
 """Starting and releasing the stage graph's engines: the environment vLLM reads (:func:`prepare_environment`),
-each stage's memory and the check that the three fit the device together (:func:`_stage_memory`), the
-concurrent start of the three ``AsyncLLM`` engines (:func:`start_engines`, what
+each stage's memory and the check that the stages fit the device together (:func:`_stage_memory`), the
+concurrent start of the declared stages' ``AsyncLLM`` engines (:func:`start_engines`, what
 :meth:`~core.pipeline.graph.StageGraph.start` runs), what vLLM resolved for each (:func:`engine_config`), and
 releasing them (:func:`_release_all`). Importing this module imports neither vLLM nor torch."""
 
@@ -12,16 +12,7 @@ import os
 import time
 from typing import Any, Callable
 
-from core.kinds import AR, GENERATION
-from core.pipeline.config import (
-    ENGINE_KW,
-    STAGES,
-    TALKER_MAX_MODEL_LEN,
-    THINKER_MAX_MODEL_LEN,
-    GraphConfig,
-    device_defaults,
-    engine_kw,
-)
+from core.pipeline.config import GraphConfig, device_defaults, engine_kw
 from core.pipeline.faults import failure_cause
 from omni_backends.errors import BadInputError, StageFailedError
 
@@ -47,11 +38,12 @@ def prepare_environment(cfg: GraphConfig, backend: Any) -> GraphConfig:
     return cfg
 
 
-def _stage_memory(backend: Any, model_dirs: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """Each stage's ``kv_cache_memory_bytes`` / ``gpu_memory_utilization`` (``engine_memory_kw``), and one
-    check that the three together fit the device's free memory.
+def _stage_memory(backend: Any, stage_args: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each stage's ``kv_cache_memory_bytes`` / ``gpu_memory_utilization`` (``engine_memory_kw`` for its model
+    folder, ``max_model_len``, ``max_num_seqs`` and ``dtype``, from ``stage_args``: stage -> its declared engine
+    arguments), and one check that the stages together fit the device's free memory.
 
-    Why, for three engines starting at once on one device (vLLM 0.32 ``vllm/v1/worker/gpu_worker.py``):
+    Why, for engines starting at once on one device (vLLM 0.32 ``vllm/v1/worker/gpu_worker.py``):
     ``init_device`` snapshots free memory and ``request_memory`` refuses a start with less free than
     ``gpu_memory_utilization * total`` -- a snapshot that sees whatever the other stages allocated so far.
     Checking the sum here, before any engine starts, makes every stage's check pass whatever the order of
@@ -63,22 +55,52 @@ def _stage_memory(backend: Any, model_dirs: dict[str, str]) -> dict[str, dict[st
 
     from omni_backends.engine_memory import engine_memory_kw
 
-    mem = {stage: engine_memory_kw(backend, model_dirs[stage], max_model_len=_MAX_LEN[stage],
-                                   max_num_seqs=ENGINE_KW["max_num_seqs"], dtype=ENGINE_KW["dtype"])
-           for stage in STAGES}
+    mem = {stage: engine_memory_kw(backend, a["model"], max_model_len=a["max_model_len"],
+                                   max_num_seqs=a["max_num_seqs"], dtype=a["dtype"])
+           for stage, a in stage_args.items()}
     for stage, kw in mem.items():  # the concurrent start is safe only without vLLM's profiling (see above)
         assert kw.get("kv_cache_memory_bytes"), f"stage {stage} has no fixed KV size: {kw}"
     free, total = backend.memory_info()
     need = sum(math.ceil(kw["gpu_memory_utilization"] * total) for kw in mem.values())
     if need > free:
-        raise BadInputError(f"the three stages need about {need / 2**30:.2f} GiB of {backend.name} device memory "
-                            f"together but only {free / 2**30:.2f} GiB of {total / 2**30:.2f} GiB is free; free "
-                            "the device (other processes) or pick another device with --device")
+        raise BadInputError(f"the {len(mem)} stages need about {need / 2**30:.2f} GiB of {backend.name} device "
+                            f"memory together but only {free / 2**30:.2f} GiB of {total / 2**30:.2f} GiB is free; "
+                            "free the device (other processes) or pick another device with --device")
     return mem
 
 
-_MAX_LEN = {"thinker": THINKER_MAX_MODEL_LEN, "talker": TALKER_MAX_MODEL_LEN, "code2wav": TALKER_MAX_MODEL_LEN}
-_KIND = {"thinker": AR, "talker": AR, "code2wav": GENERATION}
+#: the key of a stage's overrides that is its default sampling, not an engine argument (vLLM-Omni's name)
+SAMPLING_OVERRIDES = "default_sampling_params"
+
+
+def stage_overrides_by_name(overrides: dict[str, dict[str, Any]] | None, spec: Any) -> dict[str, dict[str, Any]]:
+    """``--stage-overrides`` keyed by stage name: a key is a stage id (``"0"``, vLLM-Omni's form, the stages in
+    the declaration's order) or a stage name; :class:`BadInputError` naming a stage the pipeline does not have."""
+    names = spec.stage_names
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in (overrides or {}).items():
+        name = names[int(key)] if key.isdigit() and int(key) < len(names) else key
+        if name not in names:
+            raise BadInputError(f"--stage-overrides names stage {key!r}; the {spec.name} pipeline's stages are "
+                                + ", ".join(f"{i} ({n})" for i, n in enumerate(names)))
+        out.setdefault(name, {}).update(value)
+    return out
+
+
+def engine_overrides(overrides: dict[str, dict[str, Any]], stage: str) -> dict[str, Any]:
+    """The engine arguments among ``stage``'s overrides (all but :data:`SAMPLING_OVERRIDES`), each an
+    ``AsyncEngineArgs`` field (:class:`BadInputError` naming one that is not, before any engine starts)."""
+    import dataclasses as dc
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    kw = {k: v for k, v in overrides.get(stage, {}).items() if k != SAMPLING_OVERRIDES}
+    fields = {f.name for f in dc.fields(AsyncEngineArgs)}
+    unknown = sorted(set(kw) - fields - {"model"})
+    if unknown:
+        raise BadInputError(f"--stage-overrides for {stage}: {', '.join(unknown)} is not an engine argument "
+                            f"(vLLM's AsyncEngineArgs) nor {SAMPLING_OVERRIDES}")
+    return kw
 
 
 def engine_config(engine: Any) -> dict[str, Any]:
@@ -104,17 +126,26 @@ def engine_config(engine: Any) -> dict[str, Any]:
 
 
 async def start_engines(cfg: GraphConfig, backend: Any = None, say: Callable[[str], None] | None = None
-                        ) -> tuple[GraphConfig, dict[str, Any], dict[str, dict[str, Any]], Any,
-                                   dict[str, dict[str, Any]]]:
-    """Check ``cfg`` and the models, then start the three engines concurrently (each
+                        ) -> tuple[GraphConfig, Any, Any, dict[str, Any], dict[str, dict[str, Any]]]:
+    """Check ``cfg``, resolve the pipeline declared for ``cfg.model`` (:func:`core.pipeline.declarations.resolve`;
+    the demo when it is ``None``),
+    read and check its models (``PipelineSpec.load``), then start its stages' engines concurrently (each
     ``core.stage.make_async_engine`` in a thread of its own: the constructors block until their engine core is
-    up); returns ``(cfg, engines, configs, tokenizer, stage_info)``: ``cfg`` with the device's defaults and
-    the model folder filled in, stage -> ``AsyncLLM``, stage -> ``config.json``, the thinker's tokenizer,
-    stage -> start facts (see :meth:`~core.pipeline.graph.StageGraph.start`, which documents the errors)."""
+    up); returns ``(cfg, spec, model, engines, stage_info)``: ``cfg`` with the device's defaults and the model
+    folder filled in, the declaration, what it read (:class:`~core.pipeline.spec.PipelineModel`), stage ->
+    ``AsyncLLM``, stage -> start facts (see :meth:`~core.pipeline.graph.StageGraph.start`, which documents the
+    errors)."""
+    from core.pipeline.declarations import resolve
     from omni_backends.probing import blame_import_failures
 
     cfg.check()
     say = say or (lambda msg: None)
+    spec = resolve(cfg.model)  # a folder no declaration serves fails here, before the device or vLLM
+    stages = spec.stage_names
+    if cfg.stat_loggers and set(cfg.stat_loggers) - set(stages):
+        raise BadInputError(f"stat_loggers names stages {sorted(set(cfg.stat_loggers) - set(stages))} that the "
+                            f"{spec.name} pipeline does not have ({', '.join(stages)})")
+    cfg = dataclasses.replace(cfg, stage_overrides=stage_overrides_by_name(cfg.stage_overrides, spec))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if backend is None:
         from omni_backends.registry import select
@@ -122,22 +153,14 @@ async def start_engines(cfg: GraphConfig, backend: Any = None, say: Callable[[st
         backend = select(cfg.device).backend
     cfg = prepare_environment(cfg, backend)
     with blame_import_failures():
-        if cfg.model_dir is None:
-            from core.pipeline.config import default_model_dir
-
-            cfg = dataclasses.replace(cfg, model_dir=default_model_dir())
-            if not os.path.isdir(cfg.model_dir):
-                from core.models.create import create_demo_models
-
-                say(f"creating demo models in {cfg.model_dir} (first run)")
-                create_demo_models(cfg.model_dir)
-        from core.pipeline.inputs import _thinker_tokenizer, validate_models
-
-        configs = validate_models(cfg.model_dir, backend)
-        tokenizer = _thinker_tokenizer(cfg.model_dir)
+        model = spec.load(cfg, backend, say)
+        if cfg.model is None:
+            cfg = dataclasses.replace(cfg, model_dir=model.model_dir)
         backend.check_vllm_platform()
-        dirs = {stage: os.path.join(cfg.model_dir, stage) for stage in STAGES}
-        mem = _stage_memory(backend, dirs)
+        args = {s.name: {**s.engine_args(model, cfg), **engine_overrides(cfg.stage_overrides, s.name)}
+                for s in spec.stages}
+        mem = _stage_memory(backend, args)
+    kinds = {s.name: s.kind for s in spec.stages}
     engines: dict[str, Any] = {}
     info: dict[str, dict[str, Any]] = {}
 
@@ -145,15 +168,10 @@ async def start_engines(cfg: GraphConfig, backend: Any = None, say: Callable[[st
         from core.stage import make_async_engine  # looked up per call: a wrapper set on core.stage is used
 
         t0 = time.perf_counter()
-        # talker and code2wav prompts are placeholder ids ([0] * n) standing for per-request embeddings / codes:
-        # vLLM's prefix cache would reuse another request's (or an earlier chunk's) KV for them (seen: short
-        # code2wav chunks past 128 frames); only the thinker's prompt is real text
-        extra = {} if stage == "thinker" else {"skip_tokenizer_init": True, "enable_prefix_caching": False}
+        kw = {**engine_kw(cfg), **args[stage], **mem[stage]}
         if cfg.stat_loggers and cfg.stat_loggers.get(stage):
-            extra["stat_loggers"] = list(cfg.stat_loggers[stage])
-        engines[stage] = make_async_engine(dirs[stage], kind=_KIND[stage], device=cfg.device,
-                                           max_model_len=_MAX_LEN[stage], **engine_kw(cfg), **mem[stage],
-                                           **extra)
+            kw["stat_loggers"] = list(cfg.stat_loggers[stage])
+        engines[stage] = make_async_engine(kw.pop("model"), kind=kinds[stage], device=cfg.device, **kw)
         t1 = time.perf_counter()
         info[stage] = {"engine_start_seconds": round(t1 - t0, 3), "started_at": t0 - t_graph,
                        "ready_at": t1 - t_graph,
@@ -167,38 +185,38 @@ async def start_engines(cfg: GraphConfig, backend: Any = None, say: Callable[[st
     from core.models.vllm_omni import load_vllm_plugins
 
     load_vllm_plugins()
-    say("starting the thinker, talker and code2wav engines at once")
+    say(f"starting the {', '.join(stages)} engines at once")
     t_graph = time.perf_counter()
-    heartbeat = asyncio.ensure_future(_say_while_starting(say, info, t_graph, graphs=not cfg.enforce_eager))
+    heartbeat = asyncio.ensure_future(_say_while_starting(say, info, stages, t_graph, graphs=not cfg.enforce_eager))
     try:
-        results = await asyncio.gather(*(asyncio.to_thread(start_one, s) for s in STAGES), return_exceptions=True)
+        results = await asyncio.gather(*(asyncio.to_thread(start_one, s) for s in stages), return_exceptions=True)
     finally:
         heartbeat.cancel()
-    failed = [(s, r) for s, r in zip(STAGES, results) if isinstance(r, BaseException)]
+    failed = [(s, r) for s, r in zip(stages, results) if isinstance(r, BaseException)]
     if failed:
         await asyncio.to_thread(_release_all, engines)
         stage, exc = failed[0]
         _reraise_start_failure(stage, exc)
     info["graph"] = {"start_seconds": round(time.perf_counter() - t_graph, 3),
-                     "slowest_stage": max(STAGES, key=lambda s: info[s]["engine_start_seconds"]),
+                     "slowest_stage": max(stages, key=lambda s: info[s]["engine_start_seconds"]),
                      # concurrent: each stage started before every other stage was ready
                      "overlapped": all(info[a]["started_at"] < info[b]["ready_at"]
-                                       for a in STAGES for b in STAGES)}
-    return cfg, engines, configs, tokenizer, info
+                                       for a in stages for b in stages)}
+    return cfg, spec, model, engines, info
 
 
 #: seconds between the progress lines while engines start (an engine start takes 25-70 s on a GPU)
 START_HEARTBEAT_SECONDS = 15.0
 
 
-async def _say_while_starting(say: Callable[[str], None], ready: dict[str, Any], t0: float, graphs: bool,
-                              every: float = START_HEARTBEAT_SECONDS) -> None:
+async def _say_while_starting(say: Callable[[str], None], ready: dict[str, Any], stages: tuple[str, ...], t0: float,
+                              graphs: bool, every: float = START_HEARTBEAT_SECONDS) -> None:
     """Every ``every`` s until cancelled: which stages are still starting (``ready``: stage -> facts, filled
     as each engine is up), so a long start is not a silent one."""
     work = "loads the model, profiles memory" + (", compiles and captures graphs" if graphs else "")
     while True:
         await asyncio.sleep(every)
-        waiting = [s for s in STAGES if s not in ready]
+        waiting = [s for s in stages if s not in ready]
         if waiting:
             say(f"still starting after {time.perf_counter() - t0:.0f} s: {', '.join(waiting)} (vLLM {work})")
 

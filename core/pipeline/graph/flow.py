@@ -1,8 +1,9 @@
-"""The stage graph's per-request flow: :class:`StageGraph` holds the three resident engines (started by
-:func:`~core.pipeline.graph.engines.start_engines`) and runs each request thinker -> talker -> code2wav
-(:meth:`StageGraph.synthesize`), aborts it in every stage when its caller stops, and watches the engines
-(a dead one fails every in-flight request and marks the graph dead). See :mod:`core.pipeline.graph`.
-Importing this module imports neither vLLM nor torch."""
+"""The stage graph's per-request flow: :class:`StageGraph` holds a declared pipeline's resident engines (started
+by :func:`~core.pipeline.graph.engines.start_engines`) and runs each request through its stages
+(:meth:`StageGraph.synthesize`: full hand-overs, then the frames streamed into the audio stage in chunks, as the
+declaration's :class:`~core.pipeline.spec.PipelineSpec` says), aborts it in every stage when its caller stops,
+and watches the engines (a dead one fails every in-flight request and marks the graph dead). See
+:mod:`core.pipeline.graph`. Importing this module imports neither vLLM nor torch."""
 
 from __future__ import annotations
 
@@ -10,48 +11,36 @@ import asyncio
 import contextlib
 import itertools
 import time
+import types
 import uuid
 from typing import Any, AsyncIterator, Callable
 
-from core.pipeline.config import STAGES, GraphConfig
+from core.pipeline.config import GraphConfig
 from core.pipeline.faults import failure_cause
 from core.pipeline.graph.engines import _release_all, start_engines
-from core.pipeline.graph.requests import (
-    AudioChunk,
-    SpeechRequest,
-    SpeechResult,
-    check_request,
-    chunk_bounds,
-    talker_frames,
-)
+from core.pipeline.graph.requests import AudioChunk, SpeechResult
+from core.pipeline.spec import PipelineModel, PipelineSpec, StageSpec
 from omni_backends.errors import BadInputError, StageFailedError
 
-#: the thinker's sampling (as ``omni-backends run`` always had it); the seed is the request's
-THINKER_TEMPERATURE, THINKER_TOP_P = 0.8, 0.95
 #: seconds between the watchdog's looks at each engine (``AsyncLLM.errored``)
 WATCH_INTERVAL = 0.2
 
 
 class StageGraph:
-    """Three resident ``AsyncLLM`` engines (thinker AR, talker AR, code2wav GENERATION) over the core runner
-    on the selected driver. Make it with :meth:`start`; see the module doc."""
+    """A declared pipeline's resident ``AsyncLLM`` engines, one per stage, over the core runner on the selected
+    driver. Make it with :meth:`start`; see the module doc. ``spec``: the declaration; ``model``: what it read
+    from disk (:class:`~core.pipeline.spec.PipelineModel`: sample rate, voices, chunk window, ...)."""
 
-    sample_rate: int
-    num_voices: int
-    hop_length: int
     stage_info: dict[str, dict[str, Any]]
     dead_stage: str | None
 
-    def __init__(self, cfg: GraphConfig, engines: dict[str, Any], configs: dict[str, dict[str, Any]],
-                 tokenizer: Any, stage_info: dict[str, dict[str, Any]]) -> None:
+    def __init__(self, cfg: GraphConfig, spec: PipelineSpec, model: PipelineModel, engines: dict[str, Any],
+                 stage_info: dict[str, dict[str, Any]]) -> None:
         self.cfg = cfg
+        self.spec = spec
+        self.model = model
         self.engines = engines
-        self.configs = configs
-        self.tokenizer = tokenizer
         self.stage_info = stage_info
-        self.sample_rate = int(configs["code2wav"].get("sample_rate", 16000))
-        self.num_voices = int(configs["talker"].get("num_voices", 1))
-        self.hop_length = int(configs["code2wav"].get("hop_length", 160))
         self.dead_stage = None
         self._dead = asyncio.Event()
         self._dead_waiter: asyncio.Task | None = None
@@ -61,12 +50,32 @@ class StageGraph:
         self._ids = itertools.count()
         self._closed = False
 
+    @property
+    def sample_rate(self) -> int:
+        """The audio's sample rate (Hz)."""
+        return self.model.sample_rate
+
+    @property
+    def voices(self) -> list[str]:
+        """The voice names a request may name (the demo's ``voice-N``, a checkpoint's speakers)."""
+        return list(self.model.voices)
+
+    @property
+    def num_voices(self) -> int:
+        return len(self.model.voices)
+
+    @property
+    def hop_length(self) -> int:
+        """Audio samples per codec frame."""
+        return self.model.samples_per_frame
+
     # ------------------------------------------------------------------ start, stop
     @classmethod
     async def start(cls, cfg: GraphConfig, backend: Any = None, say: Callable[[str], None] | None = None
                     ) -> "StageGraph":
-        """Start the three engines concurrently (each ``core.stage.make_async_engine`` in a thread of its own:
-        the constructors block until their engine core is up) and return the graph.
+        """Start the engines of the pipeline declared for ``cfg.model`` (:func:`core.pipeline.declarations.resolve`)
+        concurrently (each ``core.stage.make_async_engine`` in a thread of its own: the constructors block until
+        their engine core is up) and return the graph.
 
         ``backend``: the selected driver (``None``: ``registry.select(cfg.device)``). Before any engine starts:
         :class:`BadInputError` for a bad ``cfg``, engine choices the driver cannot run, missing / corrupt
@@ -75,8 +84,8 @@ class StageGraph:
         released. ``stage_info[stage]``: ``engine_start_seconds``, the memory given, ``engine``
         (:func:`~core.pipeline.graph.engines.engine_config`); ``stage_info["graph"]["start_seconds"]``: the
         whole start's wall time. Delegates to :func:`~core.pipeline.graph.engines.start_engines`."""
-        cfg, engines, configs, tokenizer, info = await start_engines(cfg, backend, say)
-        graph = cls(cfg, engines, configs, tokenizer, info)
+        cfg, spec, model, engines, info = await start_engines(cfg, backend, say)
+        graph = cls(cfg, spec, model, engines, info)
         graph._watchdog = asyncio.create_task(graph._watch(), name="omni-stage-graph-watchdog")
         graph._dead_waiter = asyncio.create_task(graph._dead.wait(), name="omni-stage-graph-dead")
         return graph
@@ -120,12 +129,14 @@ class StageGraph:
                                 "new one)", stage=stage)
 
     # ------------------------------------------------------------------ requests
-    def check(self, req: SpeechRequest) -> None:
-        """Check ``req`` without engine work (:func:`~core.pipeline.graph.requests.check_request` with this
-        graph's voices, thinker tokenizer and requests in flight); raises :class:`BadInputError` (a
-        ``ValueError``) naming the field."""
-        check_request(req, num_voices=self.num_voices, in_flight=self._in_flight,
-                      count_tokens=lambda text: len(self.tokenizer(text)["input_ids"]))
+    def check(self, req: Any, request_id: str | None = None) -> None:
+        """Check ``req`` without engine work: the declaration's check (``PipelineSpec.check``: its fields against
+        the models, e.g. voices, the prompt's length) with the requests in flight, and ``request_id`` (when
+        given) neither empty nor in flight; raises :class:`BadInputError` (a ``ValueError``) naming the field."""
+        from core.pipeline.declarations.demo import check_request_id
+
+        check_request_id(request_id, self._in_flight)
+        self.spec.check(self.model, req, self._in_flight)
 
     def running(self) -> dict[str, set[str]]:
         """Stage -> the graph request ids whose requests that stage's engine still holds (its output
@@ -133,69 +144,81 @@ class StageGraph:
         return {stage: {self._owner.get(r, r) for r in list(engine.output_processor.external_req_ids)}
                 for stage, engine in self.engines.items()}
 
-    async def synthesize(self, req: SpeechRequest) -> AsyncIterator[AudioChunk | SpeechResult]:
-        """Run ``req`` through the three stages: :class:`AudioChunk` s as code2wav makes them, then one
-        :class:`SpeechResult`. Raises :class:`BadInputError` (:meth:`check`) before any engine work,
-        :class:`StageFailedError` naming the stage that failed (the graph dead, if its engine died).
-        Closing the iterator early aborts the request in every stage."""
+    async def synthesize(self, req: Any, request_id: str | None = None) -> AsyncIterator[AudioChunk | SpeechResult]:
+        """Run ``req`` (the declaration's request: what its ``check`` takes) through the declared stages: :class:`AudioChunk` s as
+        the audio stage makes them, then one :class:`SpeechResult`. ``request_id``: the graph's id for it
+        (default: the request's own ``request_id`` if it has one, else a fresh one). Raises
+        :class:`BadInputError` (:meth:`check`) before any engine work, :class:`StageFailedError` naming the stage
+        that failed (the graph dead, if its engine died). Closing the iterator early aborts the request in
+        every stage."""
         import torch
 
-        self.check(req)
+        self.check(req, request_id)
         if self.dead_stage is not None:
             raise self._dead_error()
         if self._closed:
             raise StageFailedError("the stage graph is shut down", stage=None)
-        rid = req.request_id or f"speech-{uuid.uuid4().hex[:12]}"
+        rid = request_id or getattr(req, "request_id", None) or f"speech-{uuid.uuid4().hex[:12]}"
         self._in_flight.add(rid)
-        ids = {stage: [] for stage in STAGES}
-        talker_task: asyncio.Task | None = None
+        ids: dict[str, list[str]] = {stage: [] for stage in self.spec.stage_names}
+        counts: dict[str, dict[str, Any]] = {}
+        timings: dict[str, float] = {}
+        producer, audio = self.spec.producer, self.spec.audio
+        window = self.spec.window(self.model)
+        producer_task: asyncio.Task | None = None
         t_submit = time.perf_counter()
         try:
-            text, hidden, n_prompt, n_tokens, t_thinker = await self._until_dead(
-                self._thinker(rid, req, ids), "thinker")
-            frames = talker_frames(hidden.shape[0], req.max_tokens)
+            upstream = None
+            for stage in self.spec.stages[:-2]:  # full hand-overs
+                upstream, timings[stage.name] = await self._until_dead(
+                    self._full(rid, stage, req, upstream, ids, counts), stage.name)
             queue: asyncio.Queue = asyncio.Queue()
-            talker_task = asyncio.create_task(self._talker(rid, req, hidden, frames, queue, ids))
+            producer_task = asyncio.create_task(self._stream(rid, producer, req, upstream, queue, ids, counts))
             got: list[Any] = []
-            have, talker_done = 0, False
-            t_c2w, first_chunk, samples = 0.0, None, 0
-            for index, (start, end) in enumerate(chunk_bounds(frames, self.cfg.chunk_frames)):
-                while have < end and not talker_done:
-                    item = await self._until_dead(queue.get(), "talker")
+            have, sent, index, producer_done = 0, 0, 0, False
+            t_audio, first_chunk, samples = 0.0, None, 0
+            while True:
+                end = window.next_end(sent, index)
+                while have < end and not producer_done:
+                    item = await self._until_dead(queue.get(), producer.name)
                     if isinstance(item, BaseException):
-                        raise self._stage_error(item, "talker")
+                        raise self._stage_error(item, producer.name)
                     if item is None:
-                        talker_done = True
+                        producer_done = True
                     else:
                         got.append(item)
                         have += item.shape[0]
                 end = min(end, have)
-                if end <= start:
+                if end <= sent:
                     break
                 codes = torch.cat(got) if len(got) > 1 else got[0]
                 got = [codes]
+                start = window.context_start(sent)
                 t0 = time.perf_counter()
-                wav = await self._until_dead(self._code2wav(rid, index, codes[:end], ids), "code2wav")
-                t_c2w += time.perf_counter() - t0
-                chunk = wav.reshape(end, -1)[start:end].reshape(-1).contiguous()
+                wav = await self._until_dead(self._audio(rid, index, audio, req, codes[start:end], ids), audio.name)
+                t_audio += time.perf_counter() - t0
+                chunk = wav.reshape(end - start, -1)[sent - start:].reshape(-1).contiguous()
                 ready = time.perf_counter()
                 first_chunk = ready - t_submit if first_chunk is None else first_chunk
                 samples += int(chunk.numel())
-                yield AudioChunk(index=index, samples=chunk, codes=codes[start:end].clone(), ready_at=ready)
-            t_talker, talker_end = await self._until_dead(talker_task, "talker")
+                yield AudioChunk(index=index, samples=chunk, codes=codes[sent:end].clone(), ready_at=ready)
+                sent, index = end, index + 1
+            timings[producer.name], producer_end = await self._until_dead(producer_task, producer.name)
+            timings[audio.name] = t_audio
             codes = got[0] if got else torch.zeros((0, 0), dtype=torch.int64)
+            first = counts.get(self.spec.stages[0].name, {})
+            timings.update(first_chunk=first_chunk or 0.0, total=time.perf_counter() - t_submit,
+                           **{f"{producer.name}_finished": producer_end - t_submit})
             yield SpeechResult(
-                request_id=rid, thinker_text=text, prompt_tokens=n_prompt, thinker_tokens=n_tokens, codes=codes,
-                samples=samples, timings={"thinker": round(t_thinker, 4), "talker": round(t_talker, 4),
-                                          "code2wav": round(t_c2w, 4), "first_chunk": round(first_chunk or 0.0, 4),
-                                          "talker_finished": round(talker_end - t_submit, 4),
-                                          "total": round(time.perf_counter() - t_submit, 4)})
+                request_id=rid, text=first.get("text", ""), prompt_tokens=first.get("prompt", 0),
+                generated_tokens=first.get("generated", 0), codes=codes, samples=samples,
+                timings={k: round(v, 4) for k, v in timings.items()})
         finally:
-            if talker_task is not None:
-                if not talker_task.done():
-                    talker_task.cancel()
+            if producer_task is not None:
+                if not producer_task.done():
+                    producer_task.cancel()
                 with contextlib.suppress(BaseException):
-                    await talker_task  # its failure was reported through the queue: retrieved here
+                    await producer_task  # its failure was reported through the queue: retrieved here
             await self._abort(ids)
             self._in_flight.discard(rid)
 
@@ -252,68 +275,74 @@ class StageGraph:
             for s in sids:
                 self._owner.pop(s, None)
 
-    async def _thinker(self, rid: str, req: SpeechRequest, ids: dict[str, list[str]]) -> tuple:
-        from vllm.sampling_params import RequestOutputKind, SamplingParams
+    def _params(self, stage: StageSpec, req: Any, upstream: Any, output_kind: str) -> tuple[Any, Any]:
+        """The stage's prompt and ``SamplingParams`` (the declaration's ``inputs``), its output kind set."""
+        from vllm.sampling_params import RequestOutputKind
 
-        params = SamplingParams(max_tokens=req.max_tokens, temperature=THINKER_TEMPERATURE, top_p=THINKER_TOP_P,
-                                seed=req.seed, output_kind=RequestOutputKind.FINAL_ONLY)
+        prompt, params = stage.inputs(self.model, req, upstream)
+        params.output_kind = getattr(RequestOutputKind, output_kind)
+        return prompt, params
+
+    @staticmethod
+    def _count(counts: dict[str, dict[str, Any]], stage: str, out: Any, delta: bool) -> None:
+        """Record a stage's prompt tokens, generated tokens and text from ``out`` (a delta or the final one)."""
+        c = counts.setdefault(stage, {"prompt": 0, "generated": 0, "text": ""})
+        if out.prompt_token_ids is not None:
+            c["prompt"] = len(out.prompt_token_ids)
+        if out.outputs:
+            o = out.outputs[0]
+            c["generated"] = c["generated"] + len(o.token_ids) if delta else len(o.token_ids)
+            c["text"] = c["text"] + (o.text or "") if delta else (o.text or "")
+
+    async def _full(self, rid: str, stage: StageSpec, req: Any, upstream: Any, ids: dict[str, list[str]],
+                    counts: dict[str, dict[str, Any]]) -> tuple[Any, float]:
+        """Run one stage to its end (``FINAL_ONLY``): its ``output`` of the final ``RequestOutput``, and its
+        seconds."""
+        prompt, params = self._params(stage, req, upstream, "FINAL_ONLY")
         t0 = time.perf_counter()
         out = None
-        async with contextlib.aclosing(self.engines["thinker"].generate(
-                req.text, params, request_id=self._stage_id(rid, "thinker", ids))) as gen:
+        async with contextlib.aclosing(self.engines[stage.name].generate(
+                prompt, params, request_id=self._stage_id(rid, stage.name, ids))) as gen:
             async for out in gen:
                 pass
-        return (out.outputs[0].text, out.multimodal_outputs["hidden"], len(out.prompt_token_ids),
-                len(out.outputs[0].token_ids), time.perf_counter() - t0)
+        self._count(counts, stage.name, out, delta=False)
+        return stage.output(self.model, types.SimpleNamespace(), out), time.perf_counter() - t0
 
-    async def _talker(self, rid: str, req: SpeechRequest, hidden: Any, frames: int, queue: asyncio.Queue,
-                      ids: dict[str, list[str]]) -> tuple[float, float]:
-        """Stream the talker's frames into ``queue`` (int64 ``[k, K]`` tensors, then ``None``; an exception
-        instead if it fails); returns its seconds and when it finished (``time.perf_counter()``)."""
-        import torch
-        from vllm.sampling_params import RequestOutputKind, SamplingParams
-
-        from core.payloads import EXTRA_ARGS_KEY, pack
-
-        # one token more than frames: a frame is a token plus its MTP residuals, made at the next decode step
-        params = SamplingParams(max_tokens=frames + 1, temperature=0.0, ignore_eos=True, detokenize=False,
-                                output_kind=RequestOutputKind.DELTA,
-                                extra_args={EXTRA_ARGS_KEY: pack({"thinker_hidden": hidden, "voice": req.voice})})
+    async def _stream(self, rid: str, stage: StageSpec, req: Any, upstream: Any, queue: asyncio.Queue,
+                      ids: dict[str, list[str]], counts: dict[str, dict[str, Any]]) -> tuple[float, float]:
+        """Stream the stage's frames into ``queue`` (``RequestOutputKind.DELTA``; int64 ``[k, Q]`` tensors, then
+        ``None``; an exception instead if it fails); returns its seconds and when it finished
+        (``time.perf_counter()``)."""
+        state = types.SimpleNamespace()
         t0 = time.perf_counter()
         try:
-            async with contextlib.aclosing(self.engines["talker"].generate(
-                    {"prompt_token_ids": [0] * hidden.shape[0]}, params,
-                    request_id=self._stage_id(rid, "talker", ids))) as gen:
+            prompt, params = self._params(stage, req, upstream, "DELTA")
+            async with contextlib.aclosing(self.engines[stage.name].generate(
+                    prompt, params, request_id=self._stage_id(rid, stage.name, ids))) as gen:
                 async for out in gen:
-                    codes = out.multimodal_outputs.get("codes.audio")
-                    if codes is not None and codes.numel():
-                        codes = codes.to(torch.int64)
-                        codes = codes[codes[:, 0] >= 0]  # prompt rows carry -1
-                        if codes.shape[0]:
-                            queue.put_nowait(codes)
+                    self._count(counts, stage.name, out, delta=True)
+                    frames = stage.output(self.model, state, out)
+                    if frames is not None and frames.shape[0]:
+                        queue.put_nowait(frames)
         except Exception as exc:
-            exc.omni_stage = "talker"  # type: ignore[attr-defined]
+            exc.omni_stage = stage.name  # type: ignore[attr-defined]
             queue.put_nowait(exc)
             raise
         queue.put_nowait(None)
         end = time.perf_counter()
         return end - t0, end
 
-    async def _code2wav(self, rid: str, index: int, codes: Any, ids: dict[str, list[str]]) -> Any:
-        """The waveform of frames ``codes`` (int64 ``[T, K]``): float32 ``[T * hop_length]``, one forward."""
-        from vllm.sampling_params import RequestOutputKind, SamplingParams
-
-        from core.payloads import EXTRA_ARGS_KEY, pack
-
-        params = SamplingParams(max_tokens=1, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY,
-                                extra_args={EXTRA_ARGS_KEY: pack({"codes": codes})})
+    async def _audio(self, rid: str, index: int, stage: StageSpec, req: Any, codes: Any,
+                     ids: dict[str, list[str]]) -> Any:
+        """The waveform of frames ``codes`` (int64 ``[k, Q]``, left context included): float32
+        ``[k * samples per frame]``, one request of the audio stage."""
+        prompt, params = self._params(stage, req, codes, "FINAL_ONLY")
         out = None
-        async with contextlib.aclosing(self.engines["code2wav"].generate(
-                {"prompt_token_ids": [0] * codes.shape[0]}, params,
-                request_id=self._stage_id(rid, "code2wav", ids, f"-{index}"))) as gen:
+        async with contextlib.aclosing(self.engines[stage.name].generate(
+                prompt, params, request_id=self._stage_id(rid, stage.name, ids, f"-{index}"))) as gen:
             async for out in gen:
                 pass
-        return out.multimodal_outputs["waveform"].reshape(-1)
+        return stage.output(self.model, types.SimpleNamespace(), out)
 
     async def worker_stats(self) -> dict[str, dict[str, Any]]:
         """Per stage, rank 0's ``omni_state`` (``AsyncLLM.collective_rpc``): peak device memory of the stage's

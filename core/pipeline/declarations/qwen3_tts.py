@@ -1,0 +1,139 @@
+"""Qwen3-TTS as a declaration: talker -> code2wav over a checkpoint in the released layout, vLLM-Omni 0.30's
+stage topology (its ``model_executor/models/qwen3_tts/pipeline.py``) and deploy defaults
+(``deploy/qwen3_tts.yaml``, read from the installed wheel by :func:`core.models.qwen3_tts.deploy_defaults`).
+
+- talker (AR, vLLM-Omni's ``Qwen3TTSTalkerForConditionalGeneration``, its code predictor as the talker MTP): the
+  request (:class:`core.models.qwen3_tts.TTSRequest`, built into the talker's prompt and ``SamplingParams`` by
+  :func:`core.models.qwen3_tts.talker_inputs` through vLLM-Omni's own functions) -> codec frames ``[T, Q]``,
+  streamed;
+- code2wav (generation, vLLM-Omni's ``Qwen3TTSCode2Wav``): fed the talker's frames in chunks as vLLM-Omni's
+  ``async_chunk`` connector feeds them: the first chunk after ``initial_codec_chunk_frames`` (1), then every
+  ``codec_chunk_frames`` (25; ``--chunk-frames`` overrides), each carrying up to ``codec_left_context_frames``
+  (72, the decoder's attention window) earlier frames whose samples are dropped. 24 kHz.
+
+A frame is a talker row past the prompt that the model marks valid (``meta.codec_frame_valid``, the flag
+vLLM-Omni's async-chunk producer ``talker2code2wav_async_chunk`` reads; a row the model emits for an invalid
+token, e.g. the codec EOS, is no frame). The checkpoint is read and checked by
+:func:`core.models.qwen3_tts.read_checkpoint` before any engine starts. Importing this module imports neither
+vLLM nor torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Collection
+
+from core.kinds import AR, GENERATION
+from core.pipeline.spec import CHUNKED, ChunkWindow, PipelineModel, PipelineSpec, StageSpec
+from omni_backends.errors import BadInputError
+
+#: the per-row validity flag of the talker's multimodal output (vLLM-Omni's ``meta.codec_frame_valid``)
+FRAME_VALID_KEY = "meta.codec_frame_valid"
+
+
+def _tts() -> Any:
+    import core.models.qwen3_tts as tts
+
+    return tts
+
+
+def load(cfg: Any, backend: Any, say: Callable[[str], None]) -> PipelineModel:
+    """The checkpoint ``cfg.model`` read and checked (:func:`core.models.qwen3_tts.read_checkpoint`: every file of
+    the release, what the core can run of its config) and vLLM-Omni's deploy defaults; the chunk window is the
+    deploy's (``cfg.chunk_frames`` overrides its chunk size). :class:`BadInputError` naming the file or value."""
+    tts = _tts()
+    overrides = getattr(cfg, "stage_overrides", None) or {}
+    if "default_sampling_params" in overrides.get("code2wav", {}):
+        raise BadInputError("--stage-overrides: code2wav runs one forward per chunk; only the talker (stage 0) takes "
+                            "default_sampling_params")
+    ckpt = tts.read_checkpoint(cfg.model)
+    deploy = tts.deploy_defaults()
+    chunk = cfg.chunk_frames or int(deploy.chunk_frames)
+    window = ChunkWindow(first_chunk_frames=min(int(deploy.initial_chunk_frames), chunk), chunk_frames=chunk,
+                         left_context_frames=int(deploy.left_context_frames))
+    return PipelineModel(model_dir=ckpt.path, sample_rate=int(ckpt.sample_rate),
+                         samples_per_frame=int(ckpt.samples_per_frame), voices=list(ckpt.speakers), window=window,
+                         info={"checkpoint": ckpt, "deploy": deploy, "talker_sampling":
+                               dict(overrides.get("talker", {}).get("default_sampling_params") or {})})
+
+
+def check(model: PipelineModel, req: Any, in_flight: Collection[str]) -> None:
+    """:func:`core.models.qwen3_tts.check_tts_request` against the checkpoint (its error's ``param`` names the
+    request field: unknown speaker -> the checkpoint's speakers, a task type it does not serve, empty input,
+    Base where its encoders cannot run)."""
+    tts = _tts()
+    if not isinstance(req, tts.TTSRequest):
+        raise BadInputError(f"expected a Qwen3-TTS TTSRequest, got {type(req).__name__}")
+    deploy = model.info["deploy"]
+    tts.check_tts_request(model.info["checkpoint"], req, max_instructions_length=deploy.max_instructions_length)
+
+
+def request_of_run(cfg: Any) -> Any:
+    """``omni-backends run --model``'s request: the fields a speech request carries (``--prompt`` is ``input``,
+    ``--voice`` the speaker, ``--language``, ``--instructions``, ``--task-type``, ``--seed``,
+    ``--max-new-tokens``), the same :class:`~core.models.qwen3_tts.TTSRequest` the server builds."""
+    return _tts().TTSRequest(text=cfg.prompt, task_type=cfg.task_type,
+                             speaker=None if cfg.voice is None else str(cfg.voice), language=cfg.language,
+                             instructions=cfg.instructions, seed=cfg.seed, max_new_tokens=cfg.max_new_tokens)
+
+
+def _engine_args(stage: str) -> Callable[[PipelineModel, Any], dict[str, Any]]:
+    def engine_args(model: PipelineModel, cfg: Any) -> dict[str, Any]:
+        """:func:`core.models.qwen3_tts.stage_engine_args` (the deploy's engine arguments, the architecture per
+        stage, the checkpoint's dtype); code2wav sized for the widest chunk with its left context."""
+        w = model.window
+        kw = _tts().stage_engine_args(model.info["checkpoint"], model.info["deploy"], stage, seed=cfg.seed,
+                                      max_frames=w.left_context_frames + max(w.chunk_frames, w.first_chunk_frames)
+                                      if stage == "code2wav" else None)
+        kw.pop("kind", None)  # the declaration's StageSpec.kind says it
+        return kw
+
+    return engine_args
+
+
+def talker_inputs(model: PipelineModel, req: Any, upstream: None) -> tuple[Any, Any]:
+    """:func:`core.models.qwen3_tts.talker_inputs` (vLLM-Omni's request building, the deploy's sampling), with
+    the talker's ``default_sampling_params`` of ``--stage-overrides`` over the deploy's."""
+    return _tts().talker_inputs(model.info["checkpoint"], model.info["deploy"], req, **model.info["talker_sampling"])
+
+
+def talker_output(model: PipelineModel, state: Any, out: Any) -> Any:
+    """A ``DELTA`` output's new frames, int64 ``[k, Q]``: its rows past the prompt that the model marks valid.
+    ``state`` counts the rows seen so far (``rows``) and keeps the prompt's length (``prompt``)."""
+    import torch
+
+    mm = getattr(out, "multimodal_outputs", None) or {}
+    rows = mm.get("codes.audio")
+    if getattr(state, "prompt", None) is None and out.prompt_token_ids is not None:
+        state.prompt = len(out.prompt_token_ids)
+    seen = getattr(state, "rows", 0)
+    if rows is None or rows.numel() == 0:
+        return torch.zeros((0, 0), dtype=torch.int64)
+    rows = rows.reshape(rows.shape[0], -1)
+    state.rows = seen + int(rows.shape[0])
+    skip = max(0, (state.prompt or 0) - seen)
+    keep = rows[skip:].to(torch.int64)
+    valid = mm.get(FRAME_VALID_KEY)
+    if valid is not None and valid.numel() == rows.shape[0]:
+        keep = keep[valid.reshape(-1)[skip:].to(torch.bool).cpu()]
+    return keep.cpu()
+
+
+def code2wav_inputs(model: PipelineModel, req: Any, codes: Any) -> tuple[Any, Any]:
+    return _tts().code2wav_inputs(codes)
+
+
+def code2wav_output(model: PipelineModel, state: Any, out: Any) -> Any:
+    """The chunk's waveform (its left context included; the graph keeps the chunk's own frames' samples)."""
+    return _tts().code2wav_waveform(out)
+
+
+QWEN3_TTS = PipelineSpec(
+    name="qwen3_tts",
+    stages=(
+        StageSpec("talker", AR, _engine_args("talker"), talker_inputs, talker_output),
+        StageSpec("code2wav", GENERATION, _engine_args("code2wav"), code2wav_inputs, code2wav_output,
+                  hand_over=CHUNKED),
+    ),
+    load=load, check=check, request_of_run=request_of_run,
+    speech_api="vllm-omni-tts",
+)
