@@ -64,7 +64,8 @@ def own_engines() -> int:
 
 
 def _after_fork_in_child() -> None:
-    global _watching
+    global _lock, _watching
+    _lock = threading.Lock()  # another thread of the parent may have held it at the fork: never wait for it
     _watching = None  # the parent's watcher thread did not survive the fork
     end_with_owner()
 
