@@ -156,7 +156,7 @@ def _v2_step(vllm_config, model, pl, b):
             self.sampler(model.compute_logits(self.hidden[b.logits_indices]), b)  # the runner's (now omni) sampler
             return _runner_output(IDS)
 
-    runner = type("V2", (OmniV2RunnerMixin, V2Base), {"omni_backend": get_backend()})()
+    runner = type("V2", (OmniV2RunnerMixin, V2Base), {"omni_backend": get_backend(), "vllm_config": vllm_config})()
     assert runner.omni_hooks is None  # before load_model
     runner.load_model()
     assert runner.omni_hooks is state.omni_hooks is not None  # composed; what the worker's omni_state RPC reads
@@ -256,7 +256,7 @@ def test_v2_runner_keeps_vllms_state_and_sampler_for_a_stock_model(vllm_config, 
         def sample_tokens(self, grammar_output):
             return vllm_out
 
-    runner = type("R", (OmniV2RunnerMixin, Base), {"omni_backend": cpu_selected})()
+    runner = type("R", (OmniV2RunnerMixin, Base), {"omni_backend": cpu_selected, "vllm_config": vllm_config})()
     runner.load_model()
     assert type(runner.model_state) is DefaultModelState and runner.sampler is inner
     assert runner.omni_hooks is not None and runner.omni_hooks.take_step_outputs() == {}
@@ -296,7 +296,7 @@ def test_v2_runner_refuses_a_state_it_cannot_compose_naming_both_classes_and_lea
             def load_model(self, built=built):
                 self.model_state, self.sampler = built, greedy_inner()
 
-        runner = type("R", (OmniV2RunnerMixin, Base), {"omni_backend": cpu_selected})()
+        runner = type("R", (OmniV2RunnerMixin, Base), {"omni_backend": cpu_selected, "vllm_config": vllm_config})()
         with pytest.raises(ModelStateCompositionError, match=rf"OmniModelStateMixin\) with the model state "
                                                              rf".*{cls.__name__}: it.*{why}.*VLLM_USE_V2_MODEL_RUNNER=0"):
             runner.load_model()
