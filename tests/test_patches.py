@@ -82,7 +82,7 @@ def _names_in(node: ast.expr) -> set[str]:
 def in_place_changes(path: pathlib.Path) -> list[str]:
     """``file:line: what`` for every in-place change of a (vLLM) object in ``path``: a ``__class__``
     assignment; an assignment (or ``setattr`` / ``delattr``) of an attribute vLLM owns
-    (:data:`VLLM_OWNED_ATTRS`, ``model_runner`` too); an attribute assigned on an object named like a vLLM
+    (:data:`VLLM_OWNED_ATTRS`; ``model_runner`` and ``sampler`` also on ``self``: the worker's and the runner's); an attribute assigned on an object named like a vLLM
     object (:data:`VLLM_OBJECT_NAMES`, its attribute chain included, ``self.vllm_config.x`` too)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
@@ -95,7 +95,7 @@ def in_place_changes(path: pathlib.Path) -> list[str]:
         chain = _names_in(base)
         if target.attr == "__class__":
             found.append(f"{rel}:{line}: {how} {ast.unparse(target)} (a class swap)")
-        elif target.attr == "model_runner" or (target.attr in VLLM_OWNED_ATTRS and _root_name(base) != "self"):
+        elif target.attr in ("model_runner", "sampler") or (target.attr in VLLM_OWNED_ATTRS and _root_name(base) != "self"):
             found.append(f"{rel}:{line}: {how} {ast.unparse(target)} (an attribute vLLM owns)")
         elif (chain - {"self"}) & VLLM_OBJECT_NAMES and not (_root_name(base) == "self" and len(chain) == 1):
             found.append(f"{rel}:{line}: {how} {ast.unparse(target)} (an attribute of a vLLM object)")
@@ -154,9 +154,10 @@ def test_the_patch_scan_catches_every_form(tmp_path):
         "    def g(self):\n"
         "        self.model_runner = None\n"                               # 13
         "        self.vllm_config.model_config = None\n"                   # 14
+        "        self.sampler = None\n"                                    # 15
         "        self.hooks = None\n")                                     # our own attribute: not reported
     lines = sorted(int(f.split(":")[1]) for f in in_place_changes(src))
-    assert lines == [2, 3, 4, 5, 6, 7, 8, 13, 14]
+    assert lines == [2, 3, 4, 5, 6, 7, 8, 13, 14, 15]
 
 
 # ------------------------------------------------------------------ check-drift per vLLM version

@@ -19,6 +19,7 @@ Importing this package imports neither torch nor vLLM (``check-drift`` reads :da
 | :mod:`~core.patches.model_state_class` | the V2 runner's ``model_state``: class swapped to the omni-composed class |
 | :mod:`~core.patches.v2_init_model_state` | the V2 runner module's ``init_model_state``: wrapped during ``load_model`` |
 | :mod:`~core.patches.model_mrope_interface` | a model without ``SupportsMRoPE``: given the interface (text positions) |
+| :mod:`~core.patches.runner_sampler` | the runner's ``sampler``: driver rules (V1) / ``OmniSampler`` (V2) |
 | :mod:`~core.patches.model_forward` | the model instance's ``forward``: wrapped by the output adapter |
 | :mod:`~core.patches.compute_logits` | a generation model's ``compute_logits``: ``None`` becomes zero logits |
 | :mod:`~core.patches.compilation_config` | ``vllm_config.compilation_config``: graph mode lowered, input copies on |
@@ -43,6 +44,7 @@ from core.patches import (
     request_output_collector_class,
     request_output_field,
     request_state_class,
+    runner_sampler,
     v2_init_model_state,
     worker_runner,
 )
@@ -50,7 +52,7 @@ from omni_backends import patches as driver_patches
 
 PATCHES = (
     worker_runner.PATCH, model_state_class.PATCH, v2_init_model_state.PATCH, model_mrope_interface.PATCH,
-    model_forward.PATCH, compute_logits.PATCH,
+    runner_sampler.PATCH, model_forward.PATCH, compute_logits.PATCH,
     compilation_config.PATCH, output_processor_class.PATCH, request_state_class.PATCH,
     request_output_collector_class.PATCH, request_output_field.PATCH, engine_core_decoder.PATCH,
     driver_patches.PATCH,

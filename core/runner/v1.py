@@ -24,6 +24,7 @@ from core.hooks.contract import needs_omni_hooks
 from core.hooks.graphs import capture_talker_mtp, graphs_enabled, talker_mtp_buffers
 from core.kinds import AR
 from core.mrope import provide_text_mrope_positions
+from core.patches.runner_sampler import wrap_runner_sampler
 from core.runner.classes import omni_runner_class
 from core.model_io import ModelOutputAdapter, omni_runner_output, prompt_embeds_without_embeds_path
 from omni_backends.backend import Backend
@@ -55,7 +56,7 @@ class OmniV1RunnerMixin:
         super().__init__(*args, **kwargs)
         self.omni_hooks = OmniHooks(self.omni_backend, self.omni_kind)
         # the driver's sampling rules on the sampler vLLM built (in place: its rejection sampler holds it too)
-        self.sampler = self.omni_hooks.backend.prepare_sampler(self.sampler)
+        wrap_runner_sampler(self, self.omni_hooks.backend.prepare_sampler)  # the patch core.patches.runner_sampler
         self._omni_batch: Any = None  # BatchView, _AFTER_FORWARD, or None outside a real step
         self._omni_hidden = None
         self._omni_kwargs: dict[str, Any] | None = None

@@ -30,6 +30,7 @@ from typing import Any
 from core.hooks.graphs import capture_talker_mtp
 from core.kinds import AR
 from core.mrope import text_mrope_on_model_state
+from core.patches.runner_sampler import wrap_runner_sampler
 from core.runner.classes import omni_runner_class
 from core.runner.model_state import OmniModelStateMixin, OmniSampler, compose_model_state, needs_omni_state
 from omni_backends.backend import Backend
@@ -78,7 +79,7 @@ class OmniV2RunnerMixin:
             compose_model_state(state, self.omni_backend, self.omni_kind)
         sampler = getattr(self, "sampler", None)
         if sampler is not None and not isinstance(sampler, OmniSampler):
-            self.sampler = OmniSampler(sampler, state)
+            wrap_runner_sampler(self, lambda inner: OmniSampler(inner, state))  # the patch core.patches.runner_sampler
 
     def capture_model(self, *args: Any, **kwargs: Any) -> Any:
         """vLLM's captures, then the talker MTP's (:func:`core.hooks.graphs.capture_talker_mtp`);
