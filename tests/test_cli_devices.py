@@ -229,3 +229,24 @@ def test_installed_commands_survive_stale_metadata_and_a_stale_stevedore_cache(t
                           cwd=cwd, env=env_for(site, cache_home), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "selected usable-low", proc.stderr
     assert "invalid choice" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_incomplete_driver_class_shows_what_run_will_do(site, tmp_path):
+    """A driver class with abstract methods left: `devices` says `run` refuses it (state error, exit 1 when
+    named, never auto-selected), with the message `run` gives, not "usable" and exit 0."""
+    from omni_backends.backend import Backend
+
+    missing = ", ".join(sorted(Backend.__abstractmethods__ - {"probe"}))
+    named = devices_json(site, tmp_path / "cache", "--device", "incomplete")
+    inc = driver(named, "incomplete")
+    assert named["_returncode"] == 1, named
+    assert f"(missing: {missing})" in inc["problem"] and "`run` refuses it" in inc["problem"]
+    assert named["selection"]["selected"] is None and "IncompatibleDriverError" in named["selection"]["error"]
+    text = cli(["devices", "--device", "incomplete"], site, tmp_path / "cache")
+    assert text.returncode == 1
+    row = [r for r in text.stdout.splitlines() if r.strip().startswith("incomplete ")][0]
+    assert row.split()[1] == "error", row
+    run = cli(["run", "--device", "incomplete", "--model-dir", str(tmp_path)], site, tmp_path / "cache")
+    assert run.returncode == 1 and f"(missing: {missing})" in run.stderr, run.stderr[-2000:]
+    auto = devices_json(site, tmp_path / "cache")
+    assert auto["selection"]["selected"] != "incomplete"

@@ -110,8 +110,21 @@ def safe_probe(cls: type[Backend]) -> ProbeResult:
     )
 
 
+def incomplete_class_problem(name: str, cls: type[Backend]) -> str | None:
+    """Why ``cls`` cannot run (abstract methods of :class:`Backend` left unimplemented), or None: the one
+    sentence ``devices`` reports and ``run`` / ``select`` raise, so both say the same."""
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if not missing:
+        return None
+    return (f"driver {name!r} ({cls.__module__}.{cls.__qualname__}) does not implement the Backend interface "
+            f"yet (missing: {', '.join(missing)}); it can be probed but `run` refuses it. Implement the "
+            f"missing method(s), or choose another device with --device.")
+
+
 def probe_candidates(entries: dict[str, DriverEntry]) -> list[Candidate]:
-    """One :class:`Candidate` per discovered driver (by name), each loaded one probed (:func:`safe_probe`)."""
+    """One :class:`Candidate` per discovered driver (by name), each loaded one probed (:func:`safe_probe`).
+    A loaded class with abstract methods left gets ``problem`` (:func:`incomplete_class_problem`): probed
+    and listed, never selected."""
     out = []
     for name in sorted(entries):
         e = entries[name]
@@ -121,7 +134,7 @@ def probe_candidates(entries: dict[str, DriverEntry]) -> list[Candidate]:
                 distribution=e.distribution,
                 priority=e.cls.priority if e.cls is not None else None,
                 probe=safe_probe(e.cls) if e.loaded and e.cls is not None else None,
-                problem=problem_of(e),
+                problem=problem_of(e) or (incomplete_class_problem(name, e.cls) if e.cls is not None else None),
                 verification=[v.value for v in e.cls.verification] if e.cls is not None else [],
             )
         )
@@ -185,6 +198,8 @@ def decide_among(
     if requested is not None:
         name = resolve_name(requested, entries, source=source)
         _raise_for_entry(entries[name])
+        if by_name[name].problem:  # a class with abstract methods left: what `run` refuses, `devices` says
+            raise IncompatibleDriverError(by_name[name].problem)
         probe = by_name[name].probe
         assert probe is not None
         typed = requested.strip().lower()
@@ -204,7 +219,7 @@ def decide_among(
             )
         reason = f"{name} was requested ({rule}) and probes usable: {probe.reason}"
     else:
-        usable = [c for c in candidates if c.probe is not None and c.probe.usable]
+        usable = [c for c in candidates if c.probe is not None and c.probe.usable and not c.problem]
         if not usable:
             lines = "; ".join(f"{c.name}: {c.problem or (c.probe.reason if c.probe else '?')}" for c in candidates)
             raise NoUsableDeviceError(
@@ -251,5 +266,5 @@ def decide(device: str | None = None, *, env: Mapping[str, str] | None = None, f
     return decide_among(entries, probe_candidates(entries), notes, device, os.environ if env is None else env, flag_name)
 
 
-__all__ = ["decide", "decide_among", "probe_candidates", "resolve_name", "safe_probe", "selecting",
+__all__ = ["decide", "decide_among", "incomplete_class_problem", "probe_candidates", "resolve_name", "safe_probe", "selecting",
            "selection_in_progress"]

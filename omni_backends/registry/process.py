@@ -13,7 +13,6 @@ or constructor) raises instead of recursing. :func:`current` and
 
 from __future__ import annotations
 
-import inspect
 import os
 import threading
 
@@ -21,6 +20,7 @@ from omni_backends.backend import Backend
 from omni_backends.errors import IncompatibleDriverError, OmniBackendError
 from omni_backends.registry.decision import (
     decide_among,
+    incomplete_class_problem,
     probe_candidates,
     resolve_name,
     selecting,
@@ -36,13 +36,10 @@ _selected: Selection | None = None
 
 
 def _instantiate(name: str, cls: type[Backend]) -> Backend:
-    """``cls()``, refusing an incomplete (abstract) driver class with a clear message."""
-    if inspect.isabstract(cls):
-        missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
-        raise IncompatibleDriverError(
-            f"driver {name!r} ({cls.__module__}.{cls.__qualname__}) does not implement the Backend interface "
-            f"yet (missing: {missing}); it can be probed but not run. Choose another device with --device."
-        )
+    """``cls()``, refusing an incomplete (abstract) driver class with the message ``devices`` shows."""
+    problem = incomplete_class_problem(name, cls)
+    if problem:
+        raise IncompatibleDriverError(problem)
     return cls()
 
 
