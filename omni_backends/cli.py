@@ -161,6 +161,11 @@ def _wrapped(label: str, text: str, indent: int = 4, width: int = 100) -> list[s
                          break_on_hyphens=False) or [head.rstrip()]
 
 
+def _verified_by(d: dict[str, Any]) -> str:
+    levels = ", ".join(d.get("verification") or []) or "-"
+    return f"{levels} (declared by vendor)" if d.get("verification_declared_by") else levels
+
+
 def _state(d: dict[str, Any]) -> str:
     if d.get("problem"):
         return "error"
@@ -179,7 +184,7 @@ def render_devices_text(report: dict[str, Any]) -> str:
             _state(d),
             "-" if d["priority"] is None else str(d["priority"]),
             d["distribution"] or "?",
-            ", ".join(d.get("verification") or []) or "-",
+            _verified_by(d),
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = [f"omni-backends drivers (Backend interface v{report['interface_version']}); * = would be selected", ""]
@@ -187,7 +192,9 @@ def render_devices_text(report: dict[str, Any]) -> str:
     from omni_backends.backend import Verification
 
     lines += ["", *_wrapped("verified by", "; ".join(f"{v.value}: {v.meaning}" for v in Verification)
-                            + " (the README's driver table: what ran where)", indent=2)]
+                            + " (the README's driver table: what ran where). omni-backends' own drivers: what "
+                            "this project's CI backs; 'declared by vendor': an out-of-tree driver's own claim, "
+                            "not checked by this project", indent=2)]
     for d in drivers:
         probe = d.get("probe") or {}
         lines += ["", f"  {d['name']}"]

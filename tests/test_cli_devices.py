@@ -250,3 +250,15 @@ def test_incomplete_driver_class_shows_what_run_will_do(site, tmp_path):
     assert run.returncode == 1 and f"(missing: {missing})" in run.stderr, run.stderr[-2000:]
     auto = devices_json(site, tmp_path / "cache")
     assert auto["selection"]["selected"] != "incomplete"
+
+
+def test_out_of_tree_verification_is_labelled_as_declared_by_its_vendor(site, tmp_path):
+    """This project's CI backs its own drivers' verification levels; an out-of-tree driver's are its vendor's claim."""
+    rep = devices_json(site, tmp_path / "cache")
+    assert driver(rep, "usable-low")["verification_declared_by"] == "fake-low"
+    assert all(driver(rep, name)["verification_declared_by"] is None for name in REAL)
+    out = cli(["devices"], site, tmp_path / "cache").stdout
+    rows = {r.split()[0]: r for r in out.split("\n\n")[1].splitlines()[1:]}
+    assert rows["usable-low"].rstrip().endswith("simulated (declared by vendor)"), rows["usable-low"]
+    assert "declared by vendor" not in rows["cpu"]
+    assert "not checked by this project" in " ".join(out.split())

@@ -21,6 +21,9 @@ from omni_backends.errors import DriverLoadError, OmniBackendError
 from omni_backends.registry.decision import decide_among, probe_candidates, selection_in_progress
 from omni_backends.registry.discovery import discover
 
+#: the distribution whose drivers' verification levels this project's CI backs (the README's driver table)
+PROJECT_DISTRIBUTION = "omni-backends"
+
 #: Top-level modules a report must never import (vendor stacks, and torch itself).
 HEAVY_MODULES = ("torch", "vllm", "vllm_ascend", "torch_npu", "intel_extension_for_pytorch", "triton")
 
@@ -70,7 +73,8 @@ def devices_report(device: str | None = None, *, env: Mapping[str, str] | None =
 
     Discovers and probes once. Per driver: name, distribution, priority, probe
     (state, reason, versions, fix, error), problem (load failure / duplicate /
-    incompatible), verification, identity, capabilities (when
+    incompatible / abstract methods left), verification and ``verification_declared_by`` (``None`` for this
+    project's drivers, whose levels its CI backs; else the out-of-tree distribution that declares them), identity, capabilities (when
     :func:`cheap_capabilities` can get them, else ``capabilities_skipped``)
     and the load traceback. ``selection`` is :meth:`~omni_backends.registry.results.Selection.to_json` without
     the candidates (they are ``drivers``), or ``{"selected": None, "error": ...}``.
@@ -103,6 +107,9 @@ def devices_report(device: str | None = None, *, env: Mapping[str, str] | None =
         d = c.to_json()
         e = entries[c.name]
         d["vendor_import_errors"] = broken.get(c.name, [])
+        # who stands behind ``verification``: this project's CI for its own drivers; an out-of-tree driver's
+        # distribution declares its own levels, which nothing here checks
+        d["verification_declared_by"] = None if e.distribution == PROJECT_DISTRIBUTION else e.distribution
         if e.cls is not None:
             d["identity"] = e.cls.identity()
             d["capabilities"], d["capabilities_skipped"] = cheap_capabilities(e.cls)
@@ -120,4 +127,4 @@ def devices_report(device: str | None = None, *, env: Mapping[str, str] | None =
     return out
 
 
-__all__ = ["HEAVY_MODULES", "cheap_capabilities", "devices_report"]
+__all__ = ["HEAVY_MODULES", "PROJECT_DISTRIBUTION", "cheap_capabilities", "devices_report"]
