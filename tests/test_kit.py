@@ -203,3 +203,39 @@ def test_simdev_graph_wrapper_captures_then_replays():
         torch.testing.assert_close(outs[-1], torch.relu(x * 2 - 1).cumsum(0))
     assert len(calls) == 1, "the runnable ran more than once: replays must not call it"
     assert not torch.equal(outs[0], outs[2])
+
+
+def test_the_plugin_registers_every_marker_the_suite_uses(tmp_path):
+    """A vendor's repository has none of this repository's pytest ini: the kit's plugin must register each marker
+    the suite uses, or ``--strict-markers`` stops collection."""
+    import re
+
+    suite = ROOT / "omni_backends" / "testing" / "suite"
+    used = {m for f in suite.glob("*.py") for m in re.findall(r"pytest\.mark\.(\w+)", f.read_text())}
+    used -= {"parametrize", "skip", "skipif", "xfail", "usefixtures", "filterwarnings"}
+    assert {"device_tier", "engine_tier", "slow"} <= used
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir",
+                           str(tmp_path), "--markers"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    registered = set(re.findall(r"^@pytest\.mark\.(\w+)", proc.stdout, re.M))
+    assert used <= registered, f"used but not registered by the plugin: {sorted(used - registered)}"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir",
+                           str(tmp_path), "--strict-markers", "--co", "-q", "--pyargs", "omni_backends.testing.suite",
+                           "--device", "cpu"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "tests collected" in proc.stdout
+
+
+def test_sampler_advice_does_not_suggest_what_is_installed():
+    """A sampler-equivalence failure's advice follows what the sampler has: 'install the one-token rule' only
+    where it is not installed."""
+    pytest.importorskip("vllm")
+    from vllm.v1.sample.sampler import Sampler
+
+    from omni_backends.testing.suite.test_sampler import one_token_advice
+    from omni_backends.patches import install_one_token_greedy
+
+    plain = one_token_advice(Sampler())
+    assert "install the one-token rule" in plain
+    installed = one_token_advice(install_one_token_greedy(Sampler()))
+    assert "is installed on this sampler" in installed and "install the one-token rule" not in installed
+    assert "cannot wrap it" in one_token_advice(object())

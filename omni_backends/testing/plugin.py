@@ -7,7 +7,8 @@ Adds:
 - ``--omni-report PATH``: write a JSON report (pass/fail/skip per test, with
   the driver's name, distribution, versions, interface version and
   capabilities);
-- markers: ``device_tier``, ``engine_tier`` (tiers), ``device_cpu``,
+- markers (every one the suite uses is registered here, so ``--strict-markers`` collects it from any
+  directory): ``device_tier``, ``engine_tier`` (tiers), ``slow``, ``device_cpu``,
   ``device_cuda``, ``device_npu``, ``device_xpu`` and ``device(NAME)`` (a
   test for one device: skipped, with the reason printed, under any other
   ``--device``; a driver's declared aliases, such as ``ascend`` for ``npu``,
@@ -55,6 +56,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "device_tier: torch-level conformance tests (need the selected device)")
     config.addinivalue_line("markers", "engine_tier: tests that start a real vLLM engine (need the device's vLLM stack)")
+    config.addinivalue_line("markers", "slow: tests that take more than a few seconds")
     for marker, dev in DEVICE_MARKERS.items():
         config.addinivalue_line("markers", f"{marker}: runs only with --device {dev}; skipped with a reason otherwise")
     config.addinivalue_line("markers", "device(name): runs only with --device NAME; skipped with a reason otherwise")

@@ -153,9 +153,27 @@ def check_one_token_ties(backend, sampler, dtype=torch.bfloat16, edge=None, temp
     expect(not bad, "sampler-equivalence",
            f"with {edge}, temperature={temperature} on tied maxima ({dtype}) the sampler returned "
            f"{got[bad].tolist()[:8]} in {len(bad)} of {n} rows (seeds) where the reference returns the greedy "
-           f"token {want[bad].tolist()[:8]} (one token kept: the lowest id among the tied maxima); vLLM's "
-           "TopKTopPSampler keeps every tied token and draws among them: install the one-token rule "
-           "(omni_backends.patches.install_one_token_greedy)")
+           f"token {want[bad].tolist()[:8]} (one token kept: the lowest id among the tied maxima); "
+           + one_token_advice(sampler))
+
+
+def one_token_advice(sampler) -> str:
+    """What to do about a one-token row that is not greedy, from what ``sampler`` already has: the rule is
+    suggested only where it is not installed."""
+    from omni_backends.patches import SAMPLER_TOPK_TOPP, one_token_greedy_cls
+
+    inner = getattr(sampler, SAMPLER_TOPK_TOPP.attr_name, None)
+    if inner is None:
+        return (f"{type(sampler).__qualname__} has no {SAMPLER_TOPK_TOPP.attr_name!r}, so the one-token rule "
+                "(omni_backends.patches.install_one_token_greedy) cannot wrap it: apply the rule in the "
+                "driver's own top-k/top-p step")
+    if isinstance(inner, one_token_greedy_cls()):
+        return ("the one-token rule (omni_backends.patches.install_one_token_greedy) is installed on this "
+                f"sampler, yet the rows differ: {type(sampler).__qualname__} samples these rows outside its "
+                f"{SAMPLER_TOPK_TOPP.attr_name!r} (an overridden sample()/forward()?) or changes the logits after "
+                "it; make that path keep the greedy token, ties to the lowest id")
+    return ("vLLM's TopKTopPSampler keeps every tied token and draws among them: install the one-token rule "
+            "(omni_backends.patches.install_one_token_greedy) in make_sampler() / prepare_sampler()")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
