@@ -51,6 +51,49 @@ CPU_GPU_BUFFER = VendorSymbol(
     kind="class",
 )
 COMMON_ATTN_METADATA = VendorSymbol("vllm.v1.attention.backend", "CommonAttentionMetadata", kind="class")
+#: whether vLLM's resolved platform runs static graphs at all: where it says no, ``VllmConfig`` forces
+#: ``cudagraph_mode`` to NONE whatever the driver declares (read on ``vllm.platforms.current_platform``)
+PLATFORM_STATIC_GRAPHS = VendorSymbol("vllm.platforms.interface", "Platform.support_static_graph_mode", required=None)
+
+
+def engine_static_graph_modes(backend: Backend) -> tuple[str, ...]:
+    """The static graph modes a vLLM engine on ``backend`` can run: the driver's declared
+    ``capabilities().static_graph_modes`` where vLLM's resolved platform supports static graphs
+    (``current_platform.support_static_graph_mode()``, :data:`PLATFORM_STATIC_GRAPHS`), ``()`` where it does not
+    (vLLM then forces ``cudagraph_mode=NONE``: e.g. a driver declaring graphs over vLLM's cpu platform). A
+    driver declaring none returns ``()`` without importing vLLM; otherwise call it after the driver was
+    selected (its ``vllm_platform_env`` exported), as vLLM's platform is resolved once per process."""
+    declared = tuple(backend.capabilities().static_graph_modes)
+    if not declared:
+        return ()
+    from vllm.platforms import current_platform
+
+    supported = getattr(type(current_platform), PLATFORM_STATIC_GRAPHS.attr_name.rpartition(".")[2])
+    return declared if supported() else ()
+
+
+#: ``device_type`` s whose graphs vLLM's ``CUDAGraphWrapper`` and ``graph_capture`` drive: CUDA, and XPU, where
+#: vLLM's XPU model runner points ``torch.cuda.graph`` / ``CUDAGraph`` at ``torch.xpu``'s.
+CUDA_GRAPH_DEVICE_TYPES = ("cuda", "xpu")
+
+
+def require_cuda_graph_device(backend: Backend, method: str) -> None:
+    """Raise :class:`~omni_backends.errors.OmniBackendError` when ``backend`` (declaring static graphs) runs
+    on a ``device_type`` outside :data:`CUDA_GRAPH_DEVICE_TYPES`, where the shared ``method`` would hand vLLM's
+    CUDA graph machinery tensors it cannot capture (a raw error from inside vLLM, or worse, none)."""
+    if backend.device_type in CUDA_GRAPH_DEVICE_TYPES:
+        return
+    from omni_backends.errors import OmniBackendError
+
+    raise OmniBackendError(
+        f"driver {backend.name!r} declares static graphs {tuple(backend.capabilities().static_graph_modes)} on "
+        f"device type {backend.device_type!r}, but inherits VllmUpstreamBackend.{method}, which builds vLLM's CUDA "
+        f"graph machinery ({CUDA_GRAPH_WRAPPER.qualname} / {GRAPH_CAPTURE.qualname}: torch.cuda graphs and "
+        f"streams, for device types {', '.join(CUDA_GRAPH_DEVICE_TYPES)}). Write wrap_graph and "
+        "graph_capture_context for your device over its graph primitive (the example driver's SimGraphWrapper, "
+        "tests/example_driver/omni_simdev/driver.py, is the pattern; docs/vendor-guide.md 'Graphs on a device "
+        "that is not CUDA'), or declare static_graph_modes=()"
+    )
 
 
 class VllmUpstreamBackend(GenericKitOps, Backend):
@@ -81,9 +124,14 @@ class VllmUpstreamBackend(GenericKitOps, Backend):
 
     def wrap_graph(self, runnable: Callable[..., Any], vllm_config: Any, runtime_mode: Any) -> Callable[..., Any]:
         """``CUDAGraphWrapper(runnable, vllm_config, runtime_mode)`` when the
-        driver has static graphs; ``runnable`` unchanged otherwise."""
+        driver has static graphs; ``runnable`` unchanged otherwise. vLLM's wrapper
+        captures ``torch.cuda`` graphs (``torch.xpu`` ones under vLLM's XPU runner):
+        on any other ``device_type`` (:data:`CUDA_GRAPH_DEVICE_TYPES`) a driver with
+        static graphs gets :class:`~omni_backends.errors.OmniBackendError` saying what
+        to write instead (:func:`require_cuda_graph_device`)."""
         if not self.capabilities().static_graphs:
             return runnable
+        require_cuda_graph_device(self, "wrap_graph")
         return CUDA_GRAPH_WRAPPER.resolve()(runnable, vllm_config, runtime_mode=runtime_mode)
 
     def captured_graphs(self, wrapped: Any) -> int | None:
@@ -95,9 +143,11 @@ class VllmUpstreamBackend(GenericKitOps, Backend):
         return sum(1 for e in entries.values() if getattr(e, "cudagraph", None) is not None)
 
     def graph_capture_context(self, device: Any) -> ContextManager[Any]:
-        """``vllm.distributed.parallel_state.graph_capture(device)``; a null context without graphs."""
+        """``vllm.distributed.parallel_state.graph_capture(device)`` (a ``torch.cuda`` stream context: cuda/xpu
+        only, as :meth:`wrap_graph`); a null context without graphs."""
         if not self.capabilities().static_graphs:
             return contextlib.nullcontext()
+        require_cuda_graph_device(self, "graph_capture_context")
         return GRAPH_CAPTURE.resolve()(device=device)
 
     def make_sampler(self, logprobs_mode: str = "raw_logprobs") -> Any:

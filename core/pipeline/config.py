@@ -231,13 +231,19 @@ class GraphConfig:
 
 
 def device_defaults(cfg: Any, backend: Any) -> Any:
-    """``cfg`` with the device-dependent ``None`` fields filled, from the driver's
-    capabilities: a driver that captures graphs (``static_graph_modes``) gets
-    vLLM's defaults for its device (multiprocess engine, compilation + graphs,
-    async scheduling where vLLM turns it on); one without (the cpu driver)
+    """``cfg`` with the device-dependent ``None`` fields filled, from what the engines
+    can run: a driver whose graphs vLLM's platform runs
+    (:func:`omni_backends.vllm_upstream.engine_static_graph_modes`: the declared
+    ``static_graph_modes``, where ``current_platform.support_static_graph_mode()``)
+    gets vLLM's defaults for its device (multiprocess engine, compilation + graphs,
+    async scheduling where vLLM turns it on); one without (the cpu driver, or a
+    driver declaring graphs over vLLM's cpu platform, which forces no graphs)
     runs in-process and eager, as CI always has -- compilation there buys no
-    graphs and costs minutes of torch.compile on a small box."""
-    graphs = backend.capabilities().static_graphs
+    graphs and costs minutes of torch.compile on a small box. Imports vLLM
+    only for a driver that declares graphs."""
+    from omni_backends.vllm_upstream import engine_static_graph_modes
+
+    graphs = bool(engine_static_graph_modes(backend))
     return dataclasses.replace(
         cfg,
         multiprocess=graphs if cfg.multiprocess is None else cfg.multiprocess,

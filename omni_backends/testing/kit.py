@@ -249,6 +249,43 @@ def load_driver(requested: str) -> DriverUnderTest:
     return dut
 
 
+def kit_provenance() -> dict[str, Any]:
+    """Which kit a report certifies against: ``version`` (the installed omni-backends distribution's),
+    ``interface_version``, and where it was installed from (PEP 610 ``direct_url.json``): ``source_url``,
+    ``commit`` (a ``git+...@rev`` install's resolved commit; for an install from a local directory, that
+    directory's ``git rev-parse HEAD`` when it is a checkout), ``requested_revision``, ``editable``, ``dirty``
+    (a local checkout with uncommitted changes). Never raises; unknown fields are ``None``."""
+    import json
+    import os
+    import subprocess
+
+    out: dict[str, Any] = {"distribution": "omni-backends", "version": _dist_version("omni-backends"),
+                           "interface_version": INTERFACE_VERSION, "source_url": None, "commit": None,
+                           "requested_revision": None, "editable": None, "dirty": None}
+    try:
+        text = importlib.metadata.distribution("omni-backends").read_text("direct_url.json")
+        direct = json.loads(text) if text else {}
+    except Exception:  # not installed, or no/odd PEP 610 record: a plain index install
+        direct = {}
+    out["source_url"] = direct.get("url")
+    vcs = direct.get("vcs_info") or {}
+    out["commit"], out["requested_revision"] = vcs.get("commit_id"), vcs.get("requested_revision")
+    out["editable"] = bool((direct.get("dir_info") or {}).get("editable")) if direct else None
+    path = direct.get("url", "").removeprefix("file://") if direct.get("url", "").startswith("file://") else None
+    if out["commit"] is None and path and os.path.isdir(path):
+        try:
+            git = ["git", "-C", path]
+            head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+            if head.returncode == 0:
+                out["commit"] = head.stdout.strip()
+                status = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
+                                        capture_output=True, text=True, timeout=10)
+                out["dirty"] = bool(status.stdout.strip()) if status.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return out
+
+
 def vllm_missing_reason() -> str | None:
     """Why vLLM cannot be used here (a sentence), or None when it is importable."""
     if importlib.util.find_spec("vllm") is None:
@@ -264,6 +301,7 @@ __all__ = [
     "check_interface",
     "check_kit_ops",
     "expect",
+    "kit_provenance",
     "load_driver",
     "missing_identity",
     "missing_methods",

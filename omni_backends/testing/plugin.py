@@ -156,7 +156,8 @@ def capabilities(backend):
 class JsonReport:
     """Collects one outcome per test and writes the ``--omni-report`` JSON at session end.
 
-    Layout: ``{"kit": {...}, "driver": {...}, "summary": {"passed": n, ...},
+    Layout: ``{"kit": {version, interface_version, source_url, commit, requested_revision, editable, dirty,
+    command, python, host, started, duration_s, exitstatus}, "driver": {...}, "summary": {"passed": n, ...},
     "tests": [{"nodeid", "outcome", "tier", "duration_s", "reason"}]}``;
     ``outcome`` is ``passed``/``failed``/``skipped``/``error`` (setup or
     teardown failure) and ``reason`` carries the skip reason or failure message.
@@ -194,8 +195,13 @@ class JsonReport:
         summary: dict[str, int] = {}
         for t in tests:
             summary[t["outcome"] or "unknown"] = summary.get(t["outcome"] or "unknown", 0) + 1
+        from omni_backends.testing.kit import kit_provenance
+
         doc = {
             "kit": {
+                # the kit this driver was certified against: omni-backends' version, interface version and the
+                # source it was installed from (a git commit where pip recorded one)
+                **kit_provenance(),
                 "command": " ".join(sys.argv),
                 "python": platform.python_version(),
                 "host": platform.node(),

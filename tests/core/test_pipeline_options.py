@@ -67,9 +67,17 @@ def test_a_full_device_is_refused_before_the_engine_starts(model_dir):
         engine_memory_kw(FakeBackend(free=1 * GiB), model_dir, max_model_len=512, max_num_seqs=8)
 
 
-def test_device_defaults_eager_in_process_on_cpu_vllm_defaults_elsewhere():
+def _platform_graphs(monkeypatch, supported: bool) -> None:
+    """vLLM's resolved platform says it does (not) run static graphs (``support_static_graph_mode``)."""
+    from vllm.platforms import current_platform
+
+    monkeypatch.setattr(type(current_platform), "support_static_graph_mode", classmethod(lambda cls: supported))
+
+
+def test_device_defaults_eager_in_process_on_cpu_vllm_defaults_elsewhere(monkeypatch):
     cpu = device_defaults(RunConfig(), FakeBackend("cpu", "cpu", static_graph_modes=()))
     assert (cpu.enforce_eager, cpu.multiprocess) == (True, False)
+    _platform_graphs(monkeypatch, True)
     gpu = device_defaults(RunConfig(), FakeBackend())
     assert (gpu.enforce_eager, gpu.multiprocess) == (False, True)
     assert "enforce_eager" not in engine_kw(gpu) and "compilation_config" not in engine_kw(gpu)
@@ -78,6 +86,21 @@ def test_device_defaults_eager_in_process_on_cpu_vllm_defaults_elsewhere():
     graphs = device_defaults(RunConfig(graph_mode="piecewise"), FakeBackend())
     assert engine_kw(graphs)["compilation_config"] == {"cudagraph_mode": "PIECEWISE"}
     assert engine_kw(gpu)["dtype"] == "float32"
+
+
+def test_declared_graphs_on_a_platform_without_graphs_stay_eager_in_process(monkeypatch):
+    """A driver declaring static graphs over a vLLM platform that runs none (simdev: FULL declared, vLLM's cpu
+    platform) gets what vLLM resolves -- no graphs -- so run/serve stay eager and in-process instead of paying
+    for compilation and a multiprocess engine that capture nothing."""
+    from omni_backends.vllm_upstream import engine_static_graph_modes
+
+    _platform_graphs(monkeypatch, False)
+    declared = FakeBackend("simdev", "cpu", static_graph_modes=("FULL",))
+    assert engine_static_graph_modes(declared) == ()
+    cfg = device_defaults(RunConfig(), declared)
+    assert (cfg.enforce_eager, cfg.multiprocess) == (True, False)
+    _platform_graphs(monkeypatch, True)
+    assert engine_static_graph_modes(declared) == ("FULL",)
 
 
 def test_runner_the_driver_cannot_run_names_the_fix():
