@@ -22,10 +22,10 @@ from omni_backends.backend import Backend
 
 
 class GenericKitOps:
-    """Device-generic forms of six :class:`~omni_backends.testing.kit_ops.KitOps`
+    """Device-generic forms of seven :class:`~omni_backends.testing.kit_ops.KitOps`
     operations for a :class:`~omni_backends.backend.Backend` subclass to include
     (they read only ``self.name``, ``self.device()`` and ``self.device_type``):
-    ``generator``, ``is_device_tensor``, ``write_kv_cache``, and the graph
+    ``generator``, ``queue_copy``, ``is_device_tensor``, ``write_kv_cache``, and the graph
     primitive of a device without static graphs (``new_graph``,
     ``graph_capture``, ``graph_pool_handle`` raise ``NotImplementedError``; a
     driver with graphs overrides them). The core never calls them."""
@@ -35,6 +35,11 @@ class GenericKitOps:
         import torch
 
         return torch.Generator(device=self.device()).manual_seed(int(seed))
+
+    def queue_copy(self, dst: Any, src: Any) -> None:
+        """``dst.copy_(src, non_blocking=True)``: torch queues the copy on the current stream of an
+        accelerator (on a host-memory device it completes at once)."""
+        dst.copy_(src, non_blocking=True)
 
     def is_device_tensor(self, tensor: Any) -> bool:
         """True if ``tensor`` lives on this driver's device type (``tensor.device.type == device_type``,

@@ -61,7 +61,7 @@ def test_backend_reads_required_then_defaults():
 def test_kit_operations_are_not_backend_methods():
     """The kit's device operations live in the KitOps protocol, not on the core's contract."""
     assert not set(KIT_OPS) & set(dir(Backend)), sorted(set(KIT_OPS) & set(dir(Backend)))
-    assert len(KIT_OPS) == 15
+    assert len(KIT_OPS) == 16
 
 
 # ------------------------------------------------------------------ the counts in the vendor guide

@@ -107,9 +107,10 @@ def test_each_template_runs_both_tiers_and_check_drift_on_the_vendor_release():
 
 
 def _private_env(tmp: Path) -> Path:
-    """A venv whose site-packages sees the running environment's packages minus :data:`OWN_INSTALLS`."""
+    """A venv whose site-packages sees the running environment's packages (pip and setuptools included) minus
+    :data:`OWN_INSTALLS`."""
     venv = tmp / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True, timeout=300)
     shared = Path(sysconfig.get_paths()["purelib"])
     farm = tmp / "shared-stack"
     farm.mkdir()

@@ -88,9 +88,40 @@ def wait_engine_released(procs: list[Any], stage: str, timeout: float | None = N
             p.join(10) if not isinstance(p, psutil.Process) else p.wait(10)
 
 
+#: packages whose modules may keep an exception of an optional import in a module global
+PINNING_PACKAGES = ("vllm", "vllm_omni")
+
+
+def unpin_stored_import_errors(packages: tuple[str, ...] = PINNING_PACKAGES) -> int:
+    """Drop the traceback of every exception kept in a module global of ``packages``; returns how many.
+
+    vLLM keeps the error of an optional import for a later message (``vllm.multimodal.media.audio`` keeps
+    ``ModuleNotFoundError: torchcodec``). Its traceback holds the frame that ran the import, and through
+    ``f_back`` every frame that was calling it: when the module is first imported while an engine is being
+    built, that is ``AsyncLLM.__init__`` with its ``self``. The engine then lives as long as the module, to
+    interpreter exit, where ``AsyncLLM.__del__`` runs ``shutdown()`` with vLLM's module globals already gone
+    ("Exception ignored in AsyncLLM.__del__ ... TypeError: 'NoneType' object is not callable"). The exception
+    and its message stay; only the frames go. Never raises."""
+    dropped = 0
+    for name, module in list(sys.modules.items()):
+        if module is None or name.partition(".")[0] not in packages:
+            continue
+        try:
+            values = list(vars(module).values())
+        except TypeError:
+            continue
+        for value in values:
+            if isinstance(value, BaseException) and value.__traceback__ is not None:
+                value.__traceback__ = None
+                dropped += 1
+    return dropped
+
+
 def release_engine(llm: Any, stage: str) -> None:
-    """Shut ``llm`` down (:func:`shutdown_engine`) and return once its engine processes have exited
-    (:func:`wait_engine_released`). Never raises."""
+    """Shut ``llm`` down (:func:`shutdown_engine`), return once its engine processes have exited
+    (:func:`wait_engine_released`), and leave nothing of vLLM's pinning it
+    (:func:`unpin_stored_import_errors`), so it is freed now, not at interpreter exit. Never raises."""
     procs = engine_processes(llm)
     shutdown_engine(llm)
     wait_engine_released(procs, stage)
+    unpin_stored_import_errors()

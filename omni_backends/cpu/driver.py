@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, ClassVar, ContextManager, Iterator
 
 from omni_backends.backend import Capabilities, ProbeResult, ProbeState, Verification
@@ -81,10 +82,21 @@ class _CpuEvent:
         return (end._t - self._t) * 1000.0
 
 
+#: the CPU's one ordering: work runs when issued, so every stream is this order under another name
+_DEFAULT_STREAM = _NoStream()
+_current = threading.local()
+
+
 @contextlib.contextmanager
-def _null_stream_context(stream: Any) -> Iterator[Any]:
-    """A stream context for a device without streams: nothing to switch."""
-    yield stream
+def _stream_context(stream: Any) -> Iterator[Any]:
+    """Make ``stream`` this thread's current stream (what ``current_stream()`` returns) inside the block and
+    restore the previous one after, as ``torch.cuda.stream`` does; no work is switched (CPU work is synchronous)."""
+    previous = getattr(_current, "stream", None)
+    _current.stream = stream
+    try:
+        yield stream
+    finally:
+        _current.stream = previous
 
 
 class CpuBackend(VllmUpstreamBackend):
@@ -151,10 +163,10 @@ class CpuBackend(VllmUpstreamBackend):
         return _NoStream()
 
     def current_stream(self) -> Any:
-        return _NoStream()
+        return getattr(_current, "stream", None) or _DEFAULT_STREAM
 
     def stream_context(self, stream: Any) -> ContextManager[Any]:
-        return _null_stream_context(stream)
+        return _stream_context(stream)
 
     def new_event(self, enable_timing: bool = False) -> Any:
         return _CpuEvent(enable_timing)

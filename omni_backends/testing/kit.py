@@ -27,12 +27,18 @@ CONTRACTS: dict[str, str] = {
     "probe": "probe() never raises and returns a ProbeResult",
     "device-ops": "device(), set_device(), device_count(), synchronize(), memory_info(), empty_cache() behave as documented",
     "streams-events": "work recorded on a side stream is visible after waiting on an event recorded after it",
+    "stream-context": "stream_context(s) makes s the current stream inside the block and restores the previous "
+    "current stream when the block ends (nested, and on an exception)",
     "generator": "generator(seed) yields the same random stream for the same seed and a different one for another seed",
     "graph-replay": "graph.replay() recomputes the captured work from the current contents of the persistent inputs "
     "and writes it into the captured outputs",
     "copy-ordering": "copy_to_device() returns a device slice the next kernel reads complete, and the caller may "
     "rewrite buffer.cpu right after it returns (no stale data, no in-flight source reused)",
-    "to-host": "to_host() returns a CPU tensor that is complete on return",
+    "graph-wrapping": "wrap_graph(runnable, vllm_config, mode), called in a forward context of a declared graph "
+    "mode, captures once per batch descriptor and replays after: its output follows the current contents of the "
+    "persistent inputs; outside a graph mode it computes what the runnable computes",
+    "to-host": "to_host() returns a CPU tensor that is complete on return, copies still queued into the tensor "
+    "included",
     "buffer": "make_buffer() returns a CpuGpuBuffer-like pair (.cpu on the host, .gpu on the device, .np sharing .cpu)",
     "forward-context": "what goes into forward_context() is what the model sees in vLLM's get_forward_context()",
     "capture-sizes": "capture sizes follow the shared policy omni_backends.backend.capture_sizes",
@@ -225,7 +231,7 @@ def load_driver(requested: str) -> DriverUnderTest:
             dut.problem_contract = "interface-version" if version else "interface-completeness"
         return dut
     dut.cls = entry.cls
-    dut.probe = entry.cls.probe()
+    dut.probe = registry.safe_probe(entry.cls)  # a probe that raises is reported as not usable (contract 'probe')
     try:
         dut.backend = entry.cls()
     except Exception as exc:  # abstract methods left, or a raising constructor

@@ -45,6 +45,12 @@ class KitOps(Protocol):
     def stream_context(self, stream: Any) -> ContextManager[Any]:
         """Make ``stream`` current inside the ``with`` block."""
 
+    def queue_copy(self, dst: "torch.Tensor", src: "torch.Tensor") -> None:
+        """Copy ``src`` into the device tensor ``dst`` without waiting: the device's non-blocking copy, queued
+        on the current stream (``dst.copy_(src, non_blocking=True)`` on a torch accelerator). The kit uses it
+        to leave a copy in flight where a check needs one (``to_host``, streams and events), on a simulated
+        device as on a real one."""
+
     def empty_cache(self) -> None:
         """Release cached, unused allocator blocks (``torch.accelerator.empty_cache``)."""
 

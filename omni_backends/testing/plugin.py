@@ -126,7 +126,9 @@ def backend(driver_under_test):
     """The instantiated driver under test.
 
     Fails (naming the contract) when the driver cannot be loaded, is
-    incomplete, or probes usable but cannot be instantiated; skips, with the
+    incomplete (an abstract method, or a kit operation of
+    :class:`~omni_backends.testing.kit_ops.KitOps`: contract ``kit-ops``), or
+    probes usable but cannot be instantiated; skips, with the
     probe's reason, when its device is absent or it cannot be instantiated
     on a host where its own probe says it is not usable.
     """
@@ -144,6 +146,9 @@ def backend(driver_under_test):
                     pytrace=False)
     if not dut.present:
         pytest.skip(dut.absent_reason)
+    from omni_backends.testing.kit import check_kit_ops
+
+    check_kit_ops(type(dut.backend))  # a kit operation missing: every test on the device names 'kit-ops'
     return dut.backend
 
 

@@ -96,15 +96,21 @@ class StageGraph:
         if self._closed:
             return
         self._closed = True
-        for task in (self._watchdog, self._dead_waiter):
-            if task is not None:
-                task.cancel()
+        own = [task for task in (self._watchdog, self._dead_waiter) if task is not None]
+        for task in own:
+            task.cancel()
         for engine in self.engines.values():  # on this loop, before the engine cores go: else each output
             handler = getattr(engine, "output_handler", None)  # handler logs EngineDeadError as they close
             if handler is not None:
                 handler.cancel()
         await asyncio.sleep(0)  # let the cancelled output tasks finish on this loop
         await asyncio.to_thread(_release_all, self.engines)
+        # the graph's own tasks end here, not in asyncio.run's teardown: a task still pending then is cancelled
+        # there and its CancelledError (traceback -> the task's frame -> this graph -> its engines) outlives the
+        # loop, so each AsyncLLM is freed only at interpreter exit, where its __del__ -> shutdown() finds vLLM's
+        # module globals gone ("Exception ignored in AsyncLLM.__del__ ... TypeError")
+        await asyncio.gather(*own, return_exceptions=True)
+        self._watchdog = self._dead_waiter = None
         await asyncio.sleep(0)
 
     async def _watch(self) -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from omni_backends.testing.kit import expect
-from omni_backends.testing.suite._helpers import host_memory_device, keep_device_busy
+from omni_backends.testing.suite._helpers import host_memory_device, keep_device_busy, pattern
 
 pytestmark = pytest.mark.device_tier
 
@@ -63,6 +63,10 @@ def test_is_device_tensor(backend):
         expect(not backend.is_device_tensor(torch.ones(3)), "device-ops", "is_device_tensor() is True for a CPU tensor")
 
 
+def _same_stream(a, b) -> bool:
+    return a is b or a == b
+
+
 def test_to_host_is_complete_on_return(backend):
     busy = keep_device_busy(backend)
     x = torch.arange(1 << 20, dtype=torch.float32, device=backend.device()) * 3 + 1
@@ -74,21 +78,68 @@ def test_to_host_is_complete_on_return(backend):
     del busy
 
 
+def test_to_host_waits_for_queued_copies(backend):
+    """Copies still queued on the current stream (``queue_copy``, behind queued work) land before ``to_host``
+    returns: the ordering stress runs on a simulated device too, whose queued copies land only at a flush."""
+    n = 1 << 18
+    for step in range(1, 4):
+        busy = keep_device_busy(backend)
+        dst = torch.zeros(n, dtype=torch.int64, device=backend.device())
+        src = pattern(n, step).to(backend.device())
+        backend.queue_copy(dst, src)
+        host = backend.to_host(dst)
+        want = pattern(n, step)
+        expect(torch.equal(host, want), "to-host",
+               f"step {step}: to_host() returned before the copy queued into the tensor landed "
+               f"({int((host != want).sum())} of {n} elements are not the copied values)")
+        del busy
+
+
+def test_stream_context_sets_and_restores_the_current_stream(backend):
+    before = backend.current_stream()
+    side, other = backend.new_stream(), backend.new_stream()
+    with backend.stream_context(side):
+        inside = backend.current_stream()
+        expect(_same_stream(inside, side), "stream-context",
+               f"inside stream_context(s) the current stream is {inside!r}, not s={side!r}")
+        with backend.stream_context(other):
+            expect(_same_stream(backend.current_stream(), other), "stream-context",
+                   "inside a nested stream_context(s2) the current stream is not s2")
+        expect(_same_stream(backend.current_stream(), side), "stream-context",
+               f"after a nested stream_context(s2) ended the current stream is {backend.current_stream()!r}, "
+               f"not the outer block's {side!r}")
+    after = backend.current_stream()
+    expect(_same_stream(after, before), "stream-context",
+           f"after stream_context(s) ended the current stream is {after!r}, not the one before it ({before!r}): "
+           "the previous stream was not restored")
+    with pytest.raises(ZeroDivisionError):
+        with backend.stream_context(side):
+            1 / 0
+    expect(_same_stream(backend.current_stream(), before), "stream-context",
+           "after a stream_context(s) block ended with an exception the previous stream was not restored")
+
+
 def test_stream_event_ordering(backend):
+    """Work queued on a side stream (a copy behind queued work there) is complete for work issued after
+    waiting on an event recorded on that stream after it."""
     dev = backend.device()
-    src = torch.arange(1 << 16, dtype=torch.float32, device=dev)
+    n = 1 << 16
+    src = torch.arange(n, dtype=torch.float32, device=dev)
     side = backend.new_stream()
     done = backend.new_event()
     side.wait_stream(backend.current_stream())
     with backend.stream_context(side):
         busy = keep_device_busy(backend, rounds=8)
         out = src * 3
+        landed = torch.zeros(n, dtype=torch.float32, device=dev)
+        backend.queue_copy(landed, out)
         done.record()
     done.wait(backend.current_stream())
-    res = out + 1
-    backend.synchronize()
-    expect(torch.equal(backend.to_host(res), torch.arange(1 << 16, dtype=torch.float32) * 3 + 1), "streams-events",
+    res = landed + 1
+    host = backend.to_host(res)
+    expect(torch.equal(host, torch.arange(n, dtype=torch.float32) * 3 + 1), "streams-events",
            "work issued after waiting on an event recorded on a side stream saw incomplete side-stream results")
+    backend.synchronize()
     expect(done.query(), "streams-events", "event.query() is False after synchronize()")
     del busy
 

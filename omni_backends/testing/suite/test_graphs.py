@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
-from omni_backends.testing.kit import expect
+from omni_backends.testing.kit import ContractViolation, expect
 
 pytestmark = pytest.mark.device_tier
 
@@ -149,33 +151,127 @@ def test_without_static_graphs_new_graph_refuses(backend, capabilities):
         backend.new_graph()
 
 
-def test_wrap_graph_runs_eagerly_outside_a_graph_mode(backend, capabilities):
-    """``wrap_graph`` returns a callable computing the same as the runnable when no
-    forward context is set and in mode NONE (drivers without graphs: the runnable itself)."""
+def _runtime_modes(capabilities) -> list:
+    """The ``CUDAGraphMode`` runtime modes (``PIECEWISE`` / ``FULL``) the declared ``static_graph_modes`` use:
+    ``FULL_AND_PIECEWISE`` runs both, ``FULL_DECODE_ONLY`` runs ``FULL``."""
+    from vllm.config import CUDAGraphMode
+
+    out = []
+    for name in capabilities.static_graph_modes:
+        mode = CUDAGraphMode[name]
+        for runtime in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
+            if runtime not in out and runtime in _uses(mode, CUDAGraphMode):
+                out.append(runtime)
+    return out
+
+
+def _uses(mode, CUDAGraphMode) -> set:
+    uses = set()
+    if mode.has_full_cudagraphs():
+        uses.add(CUDAGraphMode.FULL)
+    if mode.has_piecewise_cudagraphs():
+        uses.add(CUDAGraphMode.PIECEWISE)
+    return uses
+
+
+def _wrap(backend, runnable, cfg, mode):
+    """``backend.wrap_graph(...)``; any error names the graph-wrapping contract."""
+    try:
+        return backend.wrap_graph(runnable, cfg, mode)
+    except Exception as exc:
+        raise ContractViolation("graph-wrapping", f"wrap_graph(runnable, vllm_config, {mode.name}) raised "
+                                f"{type(exc).__name__}: {exc}") from exc
+
+
+def _vllm_config():
     from omni_backends.testing.kit import vllm_missing_reason
 
     missing = vllm_missing_reason()
     if missing:
         pytest.skip(f"{missing}; wrap_graph takes vLLM's VllmConfig and CUDAGraphMode")
-    from vllm.config import CUDAGraphMode, VllmConfig
+    from vllm.config import VllmConfig
 
-    cfg = VllmConfig()
+    return VllmConfig()
+
+
+def test_wrap_graph_runs_eagerly_outside_a_graph_mode(backend, capabilities):
+    """``wrap_graph`` returns a callable computing the same as the runnable when no
+    forward context is set and in mode NONE (drivers without graphs: the runnable itself)."""
+    cfg = _vllm_config()
+    from vllm.config import CUDAGraphMode
+
     dev = backend.device()
     w = torch.full((16,), 3.0, device=dev)
 
     def runnable(x):
         return _forward(x, w)
 
-    modes = [CUDAGraphMode[m] for m in capabilities.static_graph_modes if m in ("PIECEWISE", "FULL")]
-    for mode in modes or [CUDAGraphMode.FULL]:
-        wrapped = backend.wrap_graph(runnable, cfg, mode)
+    for mode in _runtime_modes(capabilities) or [CUDAGraphMode.FULL]:
+        wrapped = _wrap(backend, runnable, cfg, mode)
         if not capabilities.static_graphs:
-            expect(wrapped is runnable, "graph-replay",
+            expect(wrapped is runnable, "graph-wrapping",
                    "wrap_graph() without static graphs must return the runnable itself")
         x = torch.linspace(-2, 2, 16, device=dev)
-        expect(torch.equal(backend.to_host(wrapped(x)), backend.to_host(runnable(x))), "graph-replay",
+        expect(torch.equal(backend.to_host(wrapped(x)), backend.to_host(runnable(x))), "graph-wrapping",
                f"wrap_graph(runnable, mode={mode.name}) called outside a forward context computed a different result")
         with backend.forward_context(None, cfg, num_tokens=16, cudagraph_runtime_mode=CUDAGraphMode.NONE):
             y = wrapped(x)
-        expect(torch.equal(backend.to_host(y), backend.to_host(runnable(x))), "graph-replay",
+        expect(torch.equal(backend.to_host(y), backend.to_host(runnable(x))), "graph-wrapping",
                f"wrap_graph(runnable, mode={mode.name}) in a mode-NONE forward context computed a different result")
+
+
+def test_wrap_graph_captures_then_replays_in_each_declared_mode(graphs, capabilities):
+    """In a forward context of each declared graph runtime mode, the first call of the wrapped runnable
+    captures (on a side stream, as vLLM's ``capture_model``), later calls replay: with new
+    values written into the persistent input each time, the output follows them, as eager would compute."""
+    backend = graphs
+    cfg = _vllm_config()
+    from vllm.forward_context import BatchDescriptor
+
+    dev = backend.device()
+    n = 32
+    w = torch.full((n,), 2.0, device=dev)
+    for mode in _runtime_modes(capabilities):
+        calls = []
+
+        def runnable(x):
+            calls.append(1)
+            return _forward(x, w)
+
+        x = torch.zeros(n, device=dev)  # the persistent input buffer
+        _forward(x, w)  # warm-up outside the capture, as vLLM's dummy runs do
+        backend.synchronize()
+        wrapped = _wrap(backend, runnable, cfg, mode)
+        desc = BatchDescriptor(num_tokens=n) if mode.name == "PIECEWISE" else BatchDescriptor(num_tokens=n, num_reqs=n,
+                                                                                                uniform=True)
+        outs = []
+        capture_stream = backend.new_stream()
+        capture_stream.wait_stream(backend.current_stream())
+        for step in range(4):
+            new = torch.linspace(-4, 4, n) * (step + 1) + step
+            x.copy_(new.to(dev))  # in place: the address the capture saw stays
+            try:
+                # the capturing call on a side stream, as vLLM's graph_capture() does (CUDA refuses to capture on
+                # the default stream); replays on the current stream
+                ctx = backend.stream_context(capture_stream) if step == 0 else contextlib.nullcontext()
+                with ctx, backend.forward_context(None, cfg, num_tokens=n, cudagraph_runtime_mode=mode,
+                                                  batch_descriptor=desc):
+                    y = wrapped(x)
+                backend.synchronize()
+            except ContractViolation:
+                raise
+            except Exception as exc:
+                raise ContractViolation("graph-wrapping", f"call {step} of wrap_graph(runnable, vllm_config, "
+                                        f"{mode.name}) in a {mode.name} forward context raised "
+                                        f"{type(exc).__name__}: {exc}") from exc
+            got, want = backend.to_host(y).clone(), _forward(new, backend.to_host(w))
+            outs.append(got)
+            stale = step > 0 and torch.equal(got, outs[0]) and not torch.equal(want, outs[0])
+            expect(not stale, "graph-wrapping",
+                   f"call {step} in mode {mode.name} returned the output of the first (capturing) call: the wrapper "
+                   "did not replay the graph on the new input values")
+            expect(torch.allclose(got, want), "graph-wrapping",
+                   f"call {step} in mode {mode.name} differs from the eager result on the same inputs "
+                   f"(max abs diff {float((got - want).abs().max()):.3g})")
+        expect(len(calls) < 4, "graph-wrapping",
+               f"the runnable ran on each of the 4 calls in mode {mode.name}: nothing was captured and replayed")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from omni_backends.backend import INTERFACE_VERSION, Capabilities, ProbeResult
-from omni_backends.testing.kit import check_interface, expect
+from omni_backends.testing.kit import ContractViolation, check_interface, expect
 
 pytestmark = pytest.mark.device_tier
 
@@ -38,7 +38,11 @@ def test_identity_is_data(driver_cls, driver_under_test):
 
 
 def test_probe_returns_result(driver_cls):
-    result = driver_cls.probe()
+    try:
+        result = driver_cls.probe()
+    except Exception as exc:
+        raise ContractViolation("probe", f"probe() raised {type(exc).__name__}: {exc}; a probe catches every "
+                                "exception and reports it in ProbeResult.error") from exc
     expect(isinstance(result, ProbeResult), "probe", f"probe() returned {type(result).__name__}")
     expect(result.reason, "probe", "ProbeResult.reason is empty: say what was found")
     if not result.usable:

