@@ -38,6 +38,10 @@ def stage_engine_args(ckpt: Any, deploy: Any, stage: str, backend: Any = None, *
     ``left_context_frames + chunk_frames``) sets ``max_model_len = Q * max_frames + 1`` and
     ``max_num_batched_tokens = max_num_seqs * max_model_len`` (a code2wav request is one forward, never split).
     With ``backend``: the engine's memory sized for its model (``omni_backends.engine_memory.engine_memory_kw``).
+    Not taken from the deploy: ``gpu_memory_utilization`` (sized per model instead, above), the talker's
+    ``max_num_batched_tokens`` 512 (a latency setting that would split a long prompt into chunked prefill, which
+    the core's talker path has not been run with), ``async_scheduling`` and ``enforce_eager`` (the driver's and
+    the caller's choice), ``devices`` / connectors (the stage graph's).
     ``vllm-omni``'s ``subtalker_sampling_params`` is not an engine argument vLLM has; the talker's own defaults
     are the deploy's values (``deploy.subtalker_sampling``). Raises ``BadInputError`` for an unknown stage or a
     length beyond the model's positions."""
