@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from omni_backends.binding import Patch, SeamContract
-from omni_backends.drift.declarations import driver_declarations, runner_bases
+from omni_backends.drift.declarations import driver_declarations, runner_bases, undeclared_vendor_imports
 from omni_backends.drift.model import Declared
 from omni_backends.drift.installed import InstalledResolver
 from omni_backends.drift.sources import SourceResolver, SourceTree
@@ -137,6 +137,7 @@ def run_check(drivers: list[str] | None = None, sources: list[str] | None = None
         facts = seams[r.driver]
         d["seams"] = [f.to_json() for f in facts]
         d["seam_drift"] = sum(f.drift for f in facts)
+        d["undeclared_imports"] = undeclared_vendor_imports(classes[r.driver])
         out_drivers.append(d)
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -177,6 +178,9 @@ def render_text(report: dict[str, Any]) -> str:
             if f.get("vendor_at"):
                 lines.append(f"      vendor: {f['vendor_at']}")
         lines += _render_seams(d.get("seams", []))
+        for imp in d.get("undeclared_imports", []):
+            lines.append(f"  [note: undeclared-import] {imp} -- NOT checked by check-drift: declare it as an "
+                         "omni_backends.binding.VendorSymbol and call it through .resolve()")
     for d in report.get("contract_symbols", []):
         unchecked = d["symbols"] - d["checked"]
         status = "DRIFT" if d["drift"] else ("clean" if not unchecked else "no drift in the checked part")

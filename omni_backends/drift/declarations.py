@@ -126,3 +126,42 @@ def runner_bases(driver_cls: type, method: str = "model_runner_base") -> list[De
                                                                   f"{n.lineno}",)))
         return out
     return []
+
+
+#: top-level modules of the vendor stacks drivers bind (besides a driver's own ``vendor_modules``)
+VENDOR_TOPS = ("vllm", "vllm_ascend", "vllm_omni", "torch_npu", "intel_extension_for_pytorch")
+
+
+def undeclared_vendor_imports(driver_cls: type) -> list[str]:
+    """Vendor names the driver's own package imports directly (``import vllm...`` / ``from vllm... import ...``,
+    anywhere, in a method too) instead of declaring them as :class:`VendorSymbol`: ``check-drift`` cannot check
+    those, so a release that renames one breaks the driver at run time with a clean drift report. Returns
+    ``"path:line: the import statement"`` per import, sorted. The package is the one the driver class's module
+    lives in (``omni_simdev`` for ``omni_simdev.driver``; ``omni_backends.cpu`` for the cpu driver)."""
+    module = driver_cls.__module__
+    package = module.rpartition(".")[0] or module
+    tops = set(VENDOR_TOPS) | {m.split(".")[0] for m in getattr(driver_cls, "vendor_modules", {})}
+    try:
+        modules = _package_modules(package)
+    except Exception:  # the package cannot be walked: the class's own module at least
+        modules = [importlib.import_module(module)]
+    out = []
+    for mod in modules:
+        try:
+            path = inspect.getsourcefile(mod) or ""
+            tree = ast.parse(inspect.getsource(mod))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+                text = f"from {node.module} import {', '.join(a.name for a in node.names)}"
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+                text = "import " + ", ".join(a.name for a in node.names)
+            else:
+                continue
+            if any(n.split(".")[0] in tops for n in names):
+                out.append((_relpath(path), node.lineno, text))
+    return [f"{path}:{line}: {text}" for path, line, text in sorted(set(out))]
+
