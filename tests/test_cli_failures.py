@@ -32,11 +32,15 @@ def _errors(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("omni-backends: error:")]
 
 
+#: a model folder that does not exist: were the argv check missing, the command fails before any engine starts
+NO_MODELS = ["--model-dir", "/nonexistent/omni-backends-models", "--port", "0"]
+
+
 @pytest.mark.parametrize("argv,option", [
-    (["-m", "omni_backends.cli", "run", "--prompt", "\udcff\udcfe hello"], "argument --prompt"),
-    (["-m", "omni_backends.cli", "run", "--prompt=ab\udcff"], "argument --prompt"),
+    (["-m", "omni_backends.cli", "run", "--prompt", "\udcff\udcfe hello", *NO_MODELS[:2]], "argument --prompt"),
+    (["-m", "omni_backends.cli", "run", "--prompt=ab\udcff", *NO_MODELS[:2]], "argument --prompt"),
     (["-m", "omni_backends.cli", "devices", "--device", "c\udcffpu"], "argument --device"),
-    (["-m", "core.serving", "--served-model-name", "\udcff"], "argument --served-model-name"),
+    (["-m", "core.serving", "--served-model-name", "\udcff", *NO_MODELS], "argument --served-model-name"),
 ])
 def test_argv_that_is_not_utf8_is_a_usage_error_naming_the_option(argv, option, tmp_path):
     proc = subprocess.run([sys.executable, *[os.fsencode(a) for a in argv]], env=ENV, cwd=tmp_path,
