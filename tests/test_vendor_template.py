@@ -11,6 +11,7 @@ what runs is what a vendor's CI installs, not this checkout.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -164,6 +165,7 @@ def test_the_template_steps_pass_from_a_vendor_repository(dists, tmp_path):
     for doc in (device, engine):
         assert doc["kit"]["version"] == version and doc["kit"]["interface_version"] == 1
         assert doc["kit"]["source_url"] == wheel.as_uri(), doc["kit"]
+        assert doc["kit"]["archive_sha256"] == hashlib.sha256(wheel.read_bytes()).hexdigest(), doc["kit"]
         assert doc["driver"]["distribution"] == "omni-backends-simdev"
         assert doc["summary"].get("failed", 0) == 0 and doc["summary"].get("error", 0) == 0
     assert device["summary"]["passed"] >= 40

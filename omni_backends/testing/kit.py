@@ -259,15 +259,17 @@ def kit_provenance() -> dict[str, Any]:
     """Which kit a report certifies against: ``version`` (the installed omni-backends distribution's),
     ``interface_version``, and where it was installed from (PEP 610 ``direct_url.json``): ``source_url``,
     ``commit`` (a ``git+...@rev`` install's resolved commit; for an install from a local directory, that
-    directory's ``git rev-parse HEAD`` when it is a checkout), ``requested_revision``, ``editable``, ``dirty``
-    (a local checkout with uncommitted changes). Never raises; unknown fields are ``None``."""
+    directory's ``git rev-parse HEAD`` when it is a checkout), ``requested_revision``, ``archive_sha256`` (a
+    wheel or sdist installed by path or URL), ``editable``, ``dirty`` (a local checkout with uncommitted
+    changes). An install found through an index or ``--find-links`` records none of these: only ``version``.
+    Never raises; unknown fields are ``None``."""
     import json
     import os
     import subprocess
 
     out: dict[str, Any] = {"distribution": "omni-backends", "version": _dist_version("omni-backends"),
                            "interface_version": INTERFACE_VERSION, "source_url": None, "commit": None,
-                           "requested_revision": None, "editable": None, "dirty": None}
+                           "requested_revision": None, "archive_sha256": None, "editable": None, "dirty": None}
     try:
         text = importlib.metadata.distribution("omni-backends").read_text("direct_url.json")
         direct = json.loads(text) if text else {}
@@ -276,6 +278,9 @@ def kit_provenance() -> dict[str, Any]:
     out["source_url"] = direct.get("url")
     vcs = direct.get("vcs_info") or {}
     out["commit"], out["requested_revision"] = vcs.get("commit_id"), vcs.get("requested_revision")
+    archive = direct.get("archive_info") or {}
+    hashes = archive.get("hashes") or ({} if not archive.get("hash") else dict([archive["hash"].split("=", 1)]))
+    out["archive_sha256"] = hashes.get("sha256")  # a wheel / sdist installed by path or URL: the artifact itself
     out["editable"] = bool((direct.get("dir_info") or {}).get("editable")) if direct else None
     path = direct.get("url", "").removeprefix("file://") if direct.get("url", "").startswith("file://") else None
     if out["commit"] is None and path and os.path.isdir(path):
