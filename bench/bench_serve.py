@@ -17,7 +17,7 @@ and per level: audio seconds delivered per wall second (audio-s/s), p50 / p99 of
   ``--run-baseline`` times; "run, one by one" = requests x its median wall time; ratio = that / the level's wall.
 - ``--model DIR`` (Qwen3-TTS, released layout): vLLM-Omni's request (``voice`` a speaker, ``language``,
   ``stream: true`` -> ``speech.audio.*`` events) with a fixed length -- ``--frames`` codec frames per request
-  (``max_new_tokens = frames + 1`` and the server's ``--stage-overrides`` talker ``ignore_eos``, as
+  (``max_new_tokens = frames + 1`` and the server's ``--stage-overrides``: the talker's ``ignore_eos`` and no stop token, as
   ``bench_qwen3_tts.py`` fixes its length); the talker's other sampling is the deploy's. Beside each level:
   ``bench_qwen3_tts.py --model-dir DIR`` (two engines in this machine's process, no HTTP) at the same
   concurrencies and frames, unless ``--no-inproc``.
@@ -217,7 +217,7 @@ def main() -> int:
         extra = ["--device", args.device, "--max-concurrency", str(max(args.concurrency) + 8)]
         extra += ["--model-dir", args.model_dir] if args.model_dir else []
         extra += ["--model", args.model, "--stage-overrides",
-                  json.dumps({"0": {"default_sampling_params": {"ignore_eos": True}}})] if model else []
+                  json.dumps({"0": {"default_sampling_params": {"ignore_eos": True, "stop_token_ids": []}}})] if model else []
         extra += ["--chunk-frames", str(args.chunk_frames)] if args.chunk_frames else []
         env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
         server = ServerProcess(extra, env=env, cwd=ROOT).start()

@@ -91,6 +91,58 @@ def _voice(value: Any, num_voices: int) -> int:
     return int(value[len(VOICE_PREFIX):])
 
 
+def _known_fields(body: Any, fields: tuple[str, ...], what: str) -> None:
+    """``body`` a JSON object holding only ``fields``; else a 400 naming the first unknown one."""
+    if not isinstance(body, dict):
+        raise bad_request(f"the request body must be a JSON object with {what}")
+    unknown = sorted(set(body) - set(fields))
+    if unknown:
+        raise bad_request(f"unknown field(s) {', '.join(map(repr, unknown))}; this endpoint reads "
+                          f"{', '.join(fields)}", unknown[0])
+
+
+def _served_model(model: Any, model_name: str) -> None:
+    """404 (as vLLM answers an unknown model) unless ``model`` is the served name."""
+    if model != model_name:
+        raise ApiError(HTTPStatus.NOT_FOUND, f"The model `{model}` does not exist; this server serves "
+                       f"{model_name!r} (GET /v1/models)", "model")
+
+
+def _input_text(body: dict[str, Any]) -> str:
+    """``input``: non-empty text of at most :data:`MAX_INPUT_CHARS` characters; a 400 naming it otherwise."""
+    text = body.get("input")
+    if not isinstance(text, str):
+        raise bad_request(f"'input' must be text, got {type(text).__name__}", "input")
+    if not text.strip():
+        raise bad_request("'input' is empty; send the text to speak", "input")
+    if len(text) > MAX_INPUT_CHARS:
+        raise bad_request(f"'input' is {len(text)} characters; the limit is {MAX_INPUT_CHARS}", "input")
+    return text
+
+
+def _unit_speed(body: dict[str, Any]) -> None:
+    """``speed`` absent or 1.0 (no time stretching here); a 400 naming it otherwise."""
+    speed = body.get("speed")
+    if speed is not None and (not isinstance(speed, (int, float)) or isinstance(speed, bool)
+                              or not math.isfinite(speed) or speed != 1.0):
+        raise bad_request(f"'speed' must be 1.0 (this server does not change the speed), got {speed!r}", "speed")
+
+
+def _stream_fields(body: dict[str, Any]) -> tuple[bool, str | None]:
+    """``(stream, stream_format)`` as sent: a boolean (``null``: false) and ``None`` or one of
+    :data:`STREAM_FORMATS`; a 400 naming the field otherwise."""
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise bad_request(f"'stream' must be true or false, got {stream!r}", "stream")
+    stream_format = body.get("stream_format")
+    if stream_format is not None and stream_format not in STREAM_FORMATS:
+        raise bad_request(f"'stream_format' must be one of {', '.join(STREAM_FORMATS)}, got {stream_format!r}",
+                          "stream_format")
+    return stream, stream_format
+
+
 def parse_speech(body: Any, *, model_name: str, num_voices: int) -> SpeechOptions:
     """Check an OpenAI speech request body (the decoded JSON) field by field; no engine work.
 
@@ -102,44 +154,20 @@ def parse_speech(body: Any, *, model_name: str, num_voices: int) -> SpeechOption
     ``max_tokens`` 1..THINKER_MAX_MODEL_LEN-1 (default 32). Raises :class:`ApiError` (400, or 404 for the model)
     naming the field and what to send instead.
     """
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object with 'model', 'input' and 'voice'")
-    unknown = sorted(set(body) - set(FIELDS))
-    if unknown:
-        raise bad_request(f"unknown field(s) {', '.join(map(repr, unknown))}; this endpoint reads "
-                          f"{', '.join(FIELDS)}", unknown[0])
+    _known_fields(body, FIELDS, "'model', 'input' and 'voice'")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request(f"'model' is required: {model_name!r} (GET /v1/models)", "model")
-    if model != model_name:
-        raise ApiError(HTTPStatus.NOT_FOUND, f"The model `{model}` does not exist; this server serves "
-                       f"{model_name!r} (GET /v1/models)", "model")
-    text = body.get("input")
-    if not isinstance(text, str):
-        raise bad_request(f"'input' must be text, got {type(text).__name__}", "input")
-    if not text.strip():
-        raise bad_request("'input' is empty; send the text to speak", "input")
-    if len(text) > MAX_INPUT_CHARS:
-        raise bad_request(f"'input' is {len(text)} characters; the limit is {MAX_INPUT_CHARS}", "input")
+    _served_model(model, model_name)
+    text = _input_text(body)
     if "voice" not in body:
         raise bad_request(f"'voice' is required: one of {', '.join(voice_names(num_voices))}", "voice")
     voice = _voice(body["voice"], num_voices)
     instructions = body.get("instructions")
     if instructions not in (None, ""):
         raise bad_request("'instructions' are not supported by this model; leave them out", "instructions")
-    speed = body.get("speed")
-    if speed is not None and (not isinstance(speed, (int, float)) or isinstance(speed, bool)
-                              or not math.isfinite(speed) or speed != 1.0):
-        raise bad_request(f"'speed' must be 1.0 (this model speaks at one speed), got {speed!r}", "speed")
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise bad_request(f"'stream' must be true or false, got {stream!r}", "stream")
-    stream_format = body.get("stream_format")
-    if stream_format is not None and stream_format not in STREAM_FORMATS:
-        raise bad_request(f"'stream_format' must be one of {', '.join(STREAM_FORMATS)}, got {stream_format!r}",
-                          "stream_format")
+    _unit_speed(body)
+    stream, stream_format = _stream_fields(body)
     stream = stream or stream_format == "sse"
     fmt = body.get("response_format")
     if fmt is not None and fmt not in RESPONSE_FORMATS:
@@ -215,23 +243,10 @@ def parse_tts_speech(body: Any, *, model_name: str, sample_rate: int) -> TTSSpee
     (vLLM-Omni drops them silently). Raises :class:`ApiError` (400, or 404 for the model) naming the field."""
     from core.models.qwen3_tts import TTSRequest
 
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object with 'input' and 'voice'")
-    unknown = sorted(set(body) - set(TTS_FIELDS))
-    if unknown:
-        raise bad_request(f"unknown field(s) {', '.join(map(repr, unknown))}; this endpoint reads "
-                          f"{', '.join(TTS_FIELDS)}", unknown[0])
-    model = body.get("model")
-    if model is not None and model != model_name:
-        raise ApiError(HTTPStatus.NOT_FOUND, f"The model `{model}` does not exist; this server serves "
-                       f"{model_name!r} (GET /v1/models)", "model")
-    text = body.get("input")
-    if not isinstance(text, str):
-        raise bad_request(f"'input' must be text, got {type(text).__name__}", "input")
-    if not text.strip():
-        raise bad_request("'input' is empty; send the text to speak", "input")
-    if len(text) > MAX_INPUT_CHARS:
-        raise bad_request(f"'input' is {len(text)} characters; the limit is {MAX_INPUT_CHARS}", "input")
+    _known_fields(body, TTS_FIELDS, "'input' and 'voice'")
+    if body.get("model") is not None:
+        _served_model(body["model"], model_name)
+    text = _input_text(body)
     voices = [v["id"] if isinstance(v, dict) and set(v) == {"id"} else v
               for v in (body.get("voice"), body.get("speaker")) if v is not None]
     for v in voices:
@@ -251,23 +266,12 @@ def parse_tts_speech(body: Any, *, model_name: str, sample_rate: int) -> TTSSpee
     if fmt not in RESPONSE_FORMATS:
         raise bad_request(f"'response_format' must be one of {', '.join(RESPONSE_FORMATS)}, got {fmt!r}",
                           "response_format")
-    speed = body.get("speed")
-    if speed is not None and (not isinstance(speed, (int, float)) or isinstance(speed, bool)
-                              or not math.isfinite(speed) or speed != 1.0):
-        raise bad_request(f"'speed' must be 1.0 (this server does not change the speed), got {speed!r}", "speed")
+    _unit_speed(body)
     rate = body.get("sample_rate")
     if rate is not None and (not isinstance(rate, int) or isinstance(rate, bool) or rate != sample_rate):
         raise bad_request(f"'sample_rate' must be {sample_rate} (the model's; this server does not resample), "
                           f"got {rate!r}", "sample_rate")
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        raise bad_request(f"'stream' must be true or false, got {stream!r}", "stream")
-    stream_format = body.get("stream_format")
-    if stream_format is not None and stream_format not in STREAM_FORMATS:
-        raise bad_request(f"'stream_format' must be one of {', '.join(STREAM_FORMATS)}, got {stream_format!r}",
-                          "stream_format")
+    stream, stream_format = _stream_fields(body)
     mode = "audio" if stream_format == "audio" else "sse" if (stream or stream_format == "sse") else None
     ref_audio = body.get("ref_audio")
     if ref_audio is not None and not (isinstance(ref_audio, str) or (

@@ -5,12 +5,17 @@ checkpoint refused before any engine starts by ``run --model`` / ``serve --model
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 from core.pipeline.declarations import PIPELINES, declaration, pipeline_name, resolve
 from core.pipeline.spec import CHUNKED, FULL, ChunkWindow, PipelineSpec, StageSpec
 from omni_backends.errors import BadInputError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def _schedule(window: ChunkWindow, frames: int) -> list[tuple[int, int, int]]:
     """``(context start, start, end)`` of each chunk the graph sends for ``frames`` frames (its loop, on paper)."""
@@ -70,6 +75,22 @@ def test_a_folder_no_declaration_serves_is_refused_naming_what(tmp_path, write, 
             (d / "config.json").write_text(write if isinstance(write, str) else json.dumps(write))
     with pytest.raises(BadInputError, match=words):
         pipeline_name(str(d))
+
+
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_a_bad_checkpoint_is_one_error_line_exit_2_before_any_engine(tmp_path, command):
+    d = tmp_path / "Qwen3-TTS-broken"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen3_tts", "tokenizer_type": "qwen3_tts_tokenizer_25hz"}))
+    extra = ["--out", str(tmp_path / "out"), "--voice", "vivian"] if command == "run" else ["--port", "0"]
+    p = subprocess.run([sys.executable, "-m", "omni_backends.cli", command, "--device", "cpu", "--model", str(d),
+                        *extra], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    errors = [line for line in p.stderr.splitlines() if line.startswith("omni-backends: error:")]
+    assert p.returncode == 2 and len(errors) == 1, p.stderr[-3000:]
+    assert "Qwen3-TTS checkpoint" in errors[0] and "Traceback" not in p.stderr
+    assert "engine" not in p.stderr.split("omni-backends: error:")[0].lower()  # nothing started before it
+    assert not (tmp_path / "out").exists()
 
 
 def test_model_and_model_dir_exclude_each_other():

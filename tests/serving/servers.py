@@ -33,3 +33,30 @@ def run_out_wav(demo: str, device: str, out: str, prompt: str, voice: int, seed:
            "--prompt", prompt, "--voice", str(voice), "--seed", str(seed), "--max-tokens", str(max_tokens), *extra]
     return subprocess.Popen(cmd, env={**os.environ, **ENV}, cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
+
+
+def sse_events(lines) -> tuple[list[dict], list[float]]:
+    """The JSON events of a server-sent event stream's ``data:`` lines (``lines``: text lines as they arrive)
+    and when each arrived (``time.perf_counter()``)."""
+    import json
+    import time
+
+    events, arrivals = [], []
+    for line in lines:
+        if line.startswith("data: "):
+            arrivals.append(time.perf_counter())
+            events.append(json.loads(line[len("data: "):]))
+    return events, arrivals
+
+
+def health(server) -> dict:
+    """``GET /health`` of a :class:`~core.serving.process.ServerProcess`'s server: its JSON body (200 or 503)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{server.url}/health", timeout=10) as r:
+            return json.load(r)
+    except urllib.error.HTTPError as e:
+        return json.load(e)

@@ -31,7 +31,7 @@ import wave
 import pytest
 
 from tests.core.precision import BATCH_COMPOSITION_PCM16_LSB
-from tests.serving.servers import run_out_wav, start_server
+from tests.serving.servers import health, run_out_wav, sse_events, start_server
 
 pytestmark = [pytest.mark.engine_tier, pytest.mark.slow]
 openai = pytest.importorskip("openai")
@@ -81,14 +81,6 @@ def frames(wav: bytes) -> bytes:
         return w.readframes(w.getnframes())
 
 
-def health(server) -> dict:
-    try:
-        with urllib.request.urlopen(f"{server.url}/health", timeout=10) as r:
-            return json.load(r)
-    except urllib.error.HTTPError as e:
-        return json.load(e)
-
-
 def test_served_wav_equals_run_out_wav_byte_for_byte(served):
     server, run, out = served
     wav = speech(server, response_format="wav")
@@ -102,15 +94,11 @@ def test_served_wav_equals_run_out_wav_byte_for_byte(served):
 
 def _sse(server, **body):
     """(events, arrival time of each delta, headers) of one SSE speech request."""
-    events, arrivals = [], []
     with client(server).audio.speech.with_streaming_response.create(
             model=MODEL, input=PROMPT, voice=f"voice-{VOICE}", stream_format="sse",
             extra_body={"seed": SEED, "max_tokens": MAX_TOKENS, **body}) as r:
         headers = dict(r.headers)
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                arrivals.append(time.perf_counter())
-                events.append(json.loads(line[len("data: "):]))
+        events, arrivals = sse_events(r.iter_lines())
     return events, arrivals, headers
 
 
