@@ -45,7 +45,7 @@ the process. So:
   ``VoiceDesign`` requests never call it.
 
 Nothing of vLLM-Omni is vendored: it is installed from PyPI
-(``vllm-omni==0.30.0 --no-deps``, ``scripts/setup.sh test``).
+(``vllm-omni==0.30.0 --no-deps``, ``scripts/setup.sh``).
 """
 
 from __future__ import annotations
@@ -267,7 +267,7 @@ def _bare_package() -> types.ModuleType:
     if spec is None or not spec.submodule_search_locations:
         raise VllmOmniNotInstalled(
             "vLLM-Omni is not installed; install its wheel without dependencies: "
-            "pip install --no-deps vllm-omni==0.30.0 soundfile prettytable (scripts/setup.sh test does)"
+            "pip install --no-deps vllm-omni==0.30.0 && pip install soundfile prettytable (scripts/setup.sh does)"
         )
     mod = types.ModuleType(PACKAGE, "vLLM-Omni, loaded bare by core.models.vllm_omni (no __init__, no patches)")
     mod.__path__ = list(spec.submodule_search_locations)

@@ -18,6 +18,8 @@ def fresh_directory(directory: str, prefix: str) -> Iterator[str]:
     """Yield a new empty folder beside ``directory`` (named ``prefix`` + random, in its parent, which is
     created); when the block ends without an exception it replaces ``directory`` (any old one removed), else
     it is removed and the exception goes on -- so an interrupted write never leaves a half-written folder.
+    The folder and everything in it get the modes a plain ``mkdir`` / ``open`` would give under the process's
+    umask (a temporary folder is private, ``0o700``; the models are meant to be shared like any download).
     Raises ``OSError`` if the parent is not writable."""
     directory = os.path.abspath(directory)
     parent = os.path.dirname(directory) or "."
@@ -25,12 +27,31 @@ def fresh_directory(directory: str, prefix: str) -> Iterator[str]:
     tmp = tempfile.mkdtemp(prefix=prefix, dir=parent)
     try:
         yield tmp
+        _as_if_made_plainly(tmp)
         if os.path.exists(directory):
             shutil.rmtree(directory)
         os.replace(tmp, directory)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _as_if_made_plainly(top: str) -> None:
+    """Give ``top`` and everything under it the modes ``mkdir`` (``0o777``) / ``open`` (``0o666``) give under the
+    umask."""
+    mask = _umask()
+    os.chmod(top, 0o777 & ~mask)
+    for root, dirs, files in os.walk(top):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o777 & ~mask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~mask)
 
 
 class ShardWriter:

@@ -86,7 +86,7 @@ def _wheel_file(parts: tuple[str, ...]) -> str:
     dirs = _package_dirs()
     if not dirs:
         raise BadInputError("vLLM-Omni is not installed; Qwen3-TTS needs its wheel: "
-                            "pip install --no-deps vllm-omni==0.30.0 (scripts/setup.sh test does)")
+                            "pip install --no-deps vllm-omni==0.30.0 (scripts/setup.sh does)")
     path = os.path.join(dirs[0], *parts)
     if not os.path.isfile(path):
         raise BadInputError(f"the installed vLLM-Omni has no {'/'.join(parts)} ({path}); install vllm-omni==0.30.0")
