@@ -43,14 +43,56 @@ Ranges: --max-tokens 1..{max_tokens}, --seed 0..2**32-1, --voice
 """
 
 
+#: options only a checkpoint's request reads (``--model``) -> the demo's nearest option, if any
+CHECKPOINT_ONLY_OPTIONS = {"language": None, "instructions": None, "task_type": None,
+                           "max_new_tokens": "--max-tokens"}
+#: options only the demo reads -> the checkpoint's nearest option, if any
+DEMO_ONLY_OPTIONS = {"max_tokens": "--max-new-tokens", "model_dir": None}
+
+
+def refuse_other_pipelines_options(args: argparse.Namespace) -> None:
+    """Refuse an option the chosen pipeline would not read (so it is never silently ignored): with ``--model``
+    (a checkpoint) the demo's ``--max-tokens`` / ``--model-dir``; without it a checkpoint's ``--language`` /
+    ``--instructions`` / ``--task-type`` / ``--max-new-tokens`` and a speaker name as ``--voice``. Raises
+    :class:`~omni_backends.errors.BadInputError` (exit 2) naming the option and the one to use."""
+    from omni_backends.errors import BadInputError
+
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    given = {name: other for name, other in (DEMO_ONLY_OPTIONS if args.model is not None
+                                             else CHECKPOINT_ONLY_OPTIONS).items()
+             if getattr(args, name, None) is not None}
+    for name, other in given.items():
+        if args.model is not None:
+            raise BadInputError(f"{flag(name)} is the demo pipeline's option; a checkpoint (--model) "
+                                f"{'takes ' + other if other else 'does not read it'}")
+        raise BadInputError(f"{flag(name)} is a checkpoint's request option: it needs --model DIR"
+                            + (f" (the demo's is {other})" if other else ""))
+    voice = getattr(args, "voice", None)
+    if args.model is None and isinstance(voice, str) and not _is_integer(voice):
+        raise BadInputError(f"--voice {voice!r}: a speaker name needs --model DIR (a checkpoint's speakers); "
+                            "the demo's voices are numbers, 0..num_voices-1")
+
+
+def _is_integer(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from core.pipeline import RunConfig, run_pipeline
     from core.pipeline.config import parse_stage_overrides
 
+    refuse_other_pipelines_options(args)
     voice = args.voice if args.voice is not None else (0 if args.model is None else None)
-    if args.model is None and isinstance(voice, str) and voice.strip().isdigit():
-        voice = int(voice)  # the demo's voice id
-    cfg = RunConfig(prompt=args.prompt, device=args.device, voice=voice, max_tokens=args.max_tokens,
+    if args.model is None and isinstance(voice, str):
+        voice = int(voice)  # the demo's voice id (a number: refuse_other_pipelines_options), range-checked by RunConfig
+    demo = {} if args.max_tokens is None else {"max_tokens": args.max_tokens}
+    cfg = RunConfig(prompt=args.prompt, device=args.device, voice=voice, **demo,
                     seed=args.seed, out=args.out, model=args.model, model_dir=args.model_dir,
                     language=args.language, instructions=args.instructions, task_type=args.task_type,
                     max_new_tokens=args.max_new_tokens, stage_overrides=parse_stage_overrides(args.stage_overrides),
@@ -117,8 +159,8 @@ def add_run_command(sub: Any) -> None:
     p.add_argument("--stage-overrides", default=None, metavar="JSON",
                    help="per-stage overrides of the deploy defaults, as serve's (vLLM-Omni's --stage-overrides), "
                         "e.g. '{\"0\": {\"default_sampling_params\": {\"temperature\": 0}}}'")
-    p.add_argument("--max-tokens", type=int, default=32,
-                   help=f"thinker tokens to generate, 1..{THINKER_MAX_MODEL_LEN - 1} (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help=f"the demo: thinker tokens to generate, 1..{THINKER_MAX_MODEL_LEN - 1} (default: 32)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed; same seed -> identical out.wav (default: %(default)s)")
     p.add_argument("--out", default="out", help="output directory (default: %(default)s)")
     p.add_argument("--model-dir", default=None, help="demo models folder (default: created in ~/.cache/omni-backends)")

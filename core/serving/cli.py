@@ -7,16 +7,24 @@ import argparse
 from typing import Any
 
 SERVE_HELP = """\
-Serve the demo omni pipeline over HTTP, OpenAI-compatible: the three stages
-(thinker -> talker -> code2wav) start once as resident vLLM AsyncLLM engines
-over the core runner and the selected driver, and every request is pipelined
-through them (batched by vLLM's schedulers; talker frames reach code2wav in
-chunks of --chunk-frames, so audio streams out while the talker still runs).
+Serve an omni pipeline over HTTP, OpenAI-compatible: its stages start once as
+resident vLLM AsyncLLM engines over the core runner and the selected driver,
+and every request is pipelined through them (batched by vLLM's schedulers; the
+talker's frames reach code2wav in chunks, so audio streams out while the talker
+still runs). Which pipeline:
 
-  POST /v1/audio/speech   OpenAI's request (model, input, voice, response_format
-                          wav|pcm, speed 1.0, stream, stream_format audio|sse,
-                          plus seed, max_tokens): a WAV, or PCM / SSE streamed
-  GET  /v1/audio/voices   the talker's voices (voice-0, voice-1, ...)
+  --model DIR   a Qwen3-TTS checkpoint in the released layout (talker -> code2wav,
+                24 kHz), served as vLLM-Omni serves it: POST /v1/audio/speech takes
+                vLLM-Omni's request (model, input, voice or speaker = a speaker of
+                the checkpoint, language, instructions, task_type, response_format
+                wav|pcm, stream, stream_format audio|sse, seed, max_new_tokens,
+                speed 1.0); the served name is the folder's (--served-model-name)
+  (default)     the demo: thinker -> talker -> code2wav over tiny random models;
+                OpenAI's request (model, input, voice-N, response_format wav|pcm,
+                speed 1.0, stream, stream_format audio|sse, plus seed, max_tokens)
+
+  POST /v1/audio/speech   a WAV, or PCM / SSE streamed
+  GET  /v1/audio/voices   the checkpoint's speakers (the demo: voice-0, voice-1, ...)
   GET  /v1/models         the served model
   GET  /health            200, or 503 once a stage died or while draining
   GET  /metrics           Prometheus: vLLM's per stage, time to first audio, RTF
@@ -53,7 +61,8 @@ def add_serve_command(sub: Any) -> None:
     from core.serving.request_limits import DEFAULT_MAX_BODY_BYTES
     from omni_backends.cli import add_device_argument
 
-    p = sub.add_parser("serve", help="serve the demo omni pipeline: an OpenAI-compatible speech endpoint",
+    p = sub.add_parser("serve", help="serve a Qwen3-TTS checkpoint (--model) or the demo: an OpenAI-compatible "
+                                     "speech endpoint",
                        description=SERVE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_device_argument(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
