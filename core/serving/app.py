@@ -347,7 +347,9 @@ class SpeechHandler:
             finally:
                 task.cancel()  # a no-op once synthesis ended; else the client is gone: abort in every stage
 
-        return _ClosingStream(body(), media_type="text/event-stream" if sse else MEDIA_TYPES["pcm"],
+        # the content type says what the bytes are: a streamed WAV (its header first) or raw PCM
+        raw_type = MEDIA_TYPES["wav"] if header else MEDIA_TYPES["pcm"]
+        return _ClosingStream(body(), media_type="text/event-stream" if sse else raw_type,
                               headers={**headers, "Cache-Control": "no-cache"})
 
 

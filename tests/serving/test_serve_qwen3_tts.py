@@ -7,7 +7,7 @@ One server per checkpoint (CustomVoice, VoiceDesign), started once for the modul
 (``tests/core/qwen3_tts_reference.py``) -- all four at once. The servers run the talker greedy on codebook 0
 (vLLM-Omni's ``--stage-overrides`` with the talker's ``default_sampling_params``: temperature 0, and
 ``ignore_eos`` without the stop token so that every request makes its ``max_new_tokens``) so their codes can equal the reference's; the code predictor samples with the request's ``seed``. The overrides also size the
-engines for a small test box (16 sequences, 1024 positions) and run code2wav in the checkpoint's float32.
+engines for a small test box (16 sequences, the tiny talker's 512 positions) and run code2wav in the checkpoint's float32.
 
 - a 24 kHz WAV whose codec frames (the SSE ``speech.audio.done`` event's ``codes``) equal the reference loop's
   and whose samples equal code2wav's direct forward on those frames within :data:`WAVEFORM_TOLERANCE`;
@@ -55,7 +55,7 @@ DESIGN = "A calm, low voice, speaking slowly."
 #: known, a long one outlasts its first chunk); the same for the reference loop
 SAMPLING = {"temperature": 0, "ignore_eos": True, "stop_token_ids": []}
 OVERRIDES = ["--stage-overrides", json.dumps({
-    "0": {"default_sampling_params": SAMPLING, "max_num_seqs": 16, "max_model_len": 1024},
+    "0": {"default_sampling_params": SAMPLING, "max_num_seqs": 16, "max_model_len": 512},
     "1": {"dtype": "float32", "max_num_seqs": 16}})]
 #: served samples (int16 / 32767) against code2wav's direct forward on the same frames (float32): the 16-bit
 #: rounding (half an LSB, 1.5e-5) plus the float32 difference of the chunk forwards (up to 72 frames of left
@@ -221,6 +221,12 @@ def test_streamed_pcm_equals_the_wav_and_starts_before_the_talker_finished(setup
         assert r.headers["content-type"] == "audio/pcm" and r.headers["x-sample-rate"] == "24000"
         raw = b"".join(r.iter_bytes())
     assert raw == pcm
+    # a streamed WAV is labelled as one (its header first, then the same samples)
+    with httpx.Client(timeout=600) as c, c.stream("POST", f"{server.url}/v1/audio/speech",
+                                                  json={**body, "response_format": "wav"}) as r:
+        assert r.headers["content-type"] == "audio/wav"
+        streamed_wav = b"".join(r.iter_bytes())
+    assert streamed_wav[:4] == b"RIFF" and streamed_wav.endswith(pcm)
     events, _, _ = sse(server)
     deltas = [e for e in events if e["type"] == "speech.audio.delta"]
     assert len(deltas) >= 2 and b"".join(base64.b64decode(e["audio"]) for e in deltas) == pcm
@@ -256,7 +262,7 @@ def test_16_concurrent_requests_each_equal_their_serial_result(setup):
 
 def test_a_client_that_disconnects_mid_stream_frees_every_stage_within_2_s(setup):
     server = setup["cv"]
-    body = {"model": name_of(server), "input": TEXT * 4, "voice": SPEAKER, "seed": SEED, "max_new_tokens": 900,
+    body = {"model": name_of(server), "input": TEXT * 4, "voice": SPEAKER, "seed": SEED, "max_new_tokens": 350,
             "stream_format": "audio", "response_format": "pcm"}
     with httpx.Client(timeout=600) as c:
         with c.stream("POST", f"{server.url}/v1/audio/speech", json=body) as r:
