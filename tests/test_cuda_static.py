@@ -55,6 +55,8 @@ EXPECTED = {
     "GPU_MODEL_RUNNER_V1": "vllm.v1.worker.gpu_model_runner.GPUModelRunner",
     "GPU_MODEL_RUNNER_V2": "vllm.v1.worker.gpu.model_runner.GPUModelRunner",
     "GPU_WORKER": "vllm.v1.worker.gpu_worker.Worker",
+    # whether vLLM's resolved platform runs static graphs at all (run / serve follow it: engine_static_graph_modes)
+    "PLATFORM_STATIC_GRAPHS": "vllm.platforms.interface.Platform.support_static_graph_mode",
 }
 
 
