@@ -78,12 +78,12 @@ def test_a_folder_no_declaration_serves_is_refused_naming_what(tmp_path, write, 
 
 
 @pytest.mark.parametrize("command", ["run", "serve"])
-def test_a_bad_checkpoint_is_one_error_line_exit_2_before_any_engine(tmp_path, command):
+def test_a_bad_checkpoint_is_one_error_line_exit_2_before_any_engine(tmp_path, command, test_device):
     d = tmp_path / "Qwen3-TTS-broken"
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"model_type": "qwen3_tts", "tokenizer_type": "qwen3_tts_tokenizer_25hz"}))
     extra = ["--out", str(tmp_path / "out"), "--voice", "vivian"] if command == "run" else ["--port", "0"]
-    p = subprocess.run([sys.executable, "-m", "omni_backends.cli", command, "--device", "cpu", "--model", str(d),
+    p = subprocess.run([sys.executable, "-m", "omni_backends.cli", command, "--device", test_device, "--model", str(d),
                         *extra], capture_output=True, text=True, timeout=300, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
     errors = [line for line in p.stderr.splitlines() if line.startswith("omni-backends: error:")]
