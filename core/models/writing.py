@@ -36,7 +36,8 @@ def fresh_directory(directory: str, prefix: str) -> Iterator[str]:
         raise
 
 
-def _umask() -> int:
+def current_umask() -> int:
+    """The process's umask (``os.umask`` can only be read by setting it; it is set back at once)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -45,7 +46,7 @@ def _umask() -> int:
 def _as_if_made_plainly(top: str) -> None:
     """Give ``top`` and everything under it the modes ``mkdir`` (``0o777``) / ``open`` (``0o666``) give under the
     umask."""
-    mask = _umask()
+    mask = current_umask()
     os.chmod(top, 0o777 & ~mask)
     for root, dirs, files in os.walk(top):
         for name in dirs:

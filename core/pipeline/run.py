@@ -16,17 +16,12 @@ import tempfile
 import time
 from typing import Any, Callable
 
+from core.models.writing import current_umask
 from core.pipeline.config import GraphConfig, RunConfig
 
 #: issue 25: a run's wall time (graph start + generation) may be at most this many times the slowest stage's
 #: engine start plus the generation time -- what starting the stages concurrently buys
 CONCURRENT_START_FACTOR = 1.25
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def run_pipeline(cfg: RunConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -95,7 +90,7 @@ def run_pipeline(cfg: RunConfig, progress: Callable[[str], None] | None = None) 
             os.rmdir(staging)
         else:
             os.replace(staging, out)
-            os.chmod(out, 0o777 & ~_umask())
+            os.chmod(out, 0o777 & ~current_umask())
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
