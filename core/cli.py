@@ -47,30 +47,28 @@ Ranges: --max-tokens 1..{max_tokens}, --seed 0..2**32-1, --voice
 CHECKPOINT_ONLY_OPTIONS = {"language": None, "instructions": None, "task_type": None,
                            "max_new_tokens": "--max-tokens"}
 #: options only the demo reads -> the checkpoint's nearest option, if any
-DEMO_ONLY_OPTIONS = {"max_tokens": "--max-new-tokens", "model_dir": None}
+DEMO_ONLY_OPTIONS = {"max_tokens": "--max-new-tokens"}
 
 
 def refuse_other_pipelines_options(args: argparse.Namespace) -> None:
     """Refuse an option the chosen pipeline would not read (so it is never silently ignored): with ``--model``
-    (a checkpoint) the demo's ``--max-tokens`` / ``--model-dir``; without it a checkpoint's ``--language`` /
-    ``--instructions`` / ``--task-type`` / ``--max-new-tokens`` and a speaker name as ``--voice``. Raises
-    :class:`~omni_backends.errors.BadInputError` (exit 2) naming the option and the one to use."""
+    (a checkpoint) the demo's ``--max-tokens`` (``--model-dir`` with it is RunConfig's own check); without it
+    a checkpoint's ``--language`` / ``--instructions`` / ``--task-type`` / ``--max-new-tokens`` and a speaker
+    name as ``--voice``. Raises :class:`~omni_backends.errors.BadInputError` (exit 2) naming the option and the
+    one to use."""
     from omni_backends.errors import BadInputError
 
-    def flag(name: str) -> str:
-        return "--" + name.replace("_", "-")
-
-    given = {name: other for name, other in (DEMO_ONLY_OPTIONS if args.model is not None
-                                             else CHECKPOINT_ONLY_OPTIONS).items()
-             if getattr(args, name, None) is not None}
-    for name, other in given.items():
-        if args.model is not None:
-            raise BadInputError(f"{flag(name)} is the demo pipeline's option; a checkpoint (--model) "
-                                f"{'takes ' + other if other else 'does not read it'}")
-        raise BadInputError(f"{flag(name)} is a checkpoint's request option: it needs --model DIR"
+    checkpoint = args.model is not None
+    for name, other in (DEMO_ONLY_OPTIONS if checkpoint else CHECKPOINT_ONLY_OPTIONS).items():
+        if getattr(args, name, None) is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if checkpoint:
+            raise BadInputError(f"{flag} is the demo pipeline's option; a checkpoint (--model) takes {other}")
+        raise BadInputError(f"{flag} is a checkpoint's request option: it needs --model DIR"
                             + (f" (the demo's is {other})" if other else ""))
     voice = getattr(args, "voice", None)
-    if args.model is None and isinstance(voice, str) and not _is_integer(voice):
+    if not checkpoint and isinstance(voice, str) and not _is_integer(voice):
         raise BadInputError(f"--voice {voice!r}: a speaker name needs --model DIR (a checkpoint's speakers); "
                             "the demo's voices are numbers, 0..num_voices-1")
 
