@@ -21,10 +21,16 @@
 #                   narrows them, e.g. v1-eager,v2-eager); needs .whl/ with the vllm-omni wheel and the modules it
 #                   imports that the stack lacks (2026-12-02: soundfile, then prettytable were missing)
 #   qwen3-size      vLLM-Omni's Qwen3-TTS at the released 1.7B and 0.6B shapes (random bf16 weights written under /tmp
-#                   on the GPU, core.models.qwen3_tts_checkpoint) through the core, bench/bench_qwen3_tts.py on cuda
+#                   on the GPU, core.models.qwen3_tts.checkpoint_writer) through the core, bench/bench_qwen3_tts.py on cuda
 #                   bf16, V2 then V1, concurrency 1/8/64, unseeded then per-request seeds (QWEN3_REQUEST_SEEDS):
 #                   RTF + time to first audio at 1, audio-s/s at 8 and 64, engine starts; 1.7B first; a run that
 #                   cannot start in time is listed, not started. Needs .whl/ as `qwen3` does
+#   serve-qwen3     `omni-backends serve --model DIR` on released-layout CustomVoice checkpoints (random bf16 weights at
+#                   the 1.7B / 0.6B shapes, SERVE_SIZES, default "1.7b 0.6b"; written under /tmp once per machine),
+#                   bench/bench_serve.py --model over HTTP at concurrency 1/8/64, SERVE_FRAMES frames (default 96):
+#                   TTFA, RTF, audio-s/s, p50/p99, beside bench_qwen3_tts.py's in-process loop on the same checkpoint
+#   serving-qwen3   pytest --device cuda tests/serving/test_serve_qwen3_tts.py (tiny released-layout checkpoints served
+#                   over HTTP: codes vs vLLM-Omni's classes, streaming, 16 concurrent, disconnect, 400s, run --model)
 #   mainjobs        five `omni-backends run --device cuda` back to back (vLLM's defaults), one seed: every exit
 #                   status, wall and engine-start times, and whether every out.wav is byte-identical
 #   cublas-probe    the talker engine started cold then warm (ci/gpu/talker_start.py) under several settings
@@ -178,7 +184,7 @@ part_qwen3_size() {  # QWEN3_SIZES (default "1.7b 0.6b"), QWEN3_RUNNERS (default
     if [ ! -f "$ckpt/config.json" ]; then
       if (( $(left) < 150 )); then echo "$size: checkpoint not written (time)" | tee -a "$d/log.txt" "$OUT/not-run.txt"; continue; fi
       t0=$SECONDS
-      timeout 120 python3 -c "import sys; from core.models.qwen3_tts_checkpoint import write_qwen3_tts as w; from omni_backends.registry import select; w(sys.argv[1], sys.argv[2], backend=select('cuda').backend, progress=print)" \
+      timeout 120 python3 -c "import sys; from core.models.qwen3_tts.checkpoint_writer import write_qwen3_tts as w; from omni_backends.registry import select; w(sys.argv[1], sys.argv[2], backend=select('cuda').backend, progress=print)" \
           "$ckpt" "$size" >> "$d/log.txt" 2>&1
       rc=$?; echo "$size: checkpoint rc=$rc $((SECONDS - t0)) s ($(du -sh "$ckpt" 2>/dev/null | cut -f1))" | tee -a "$d/log.txt"
       [ $rc -ne 0 ] && continue
@@ -196,6 +202,32 @@ part_qwen3_size() {  # QWEN3_SIZES (default "1.7b 0.6b"), QWEN3_RUNNERS (default
       grep -E "^\||^engine start|^Qwen3-TTS" "$d/$size-$runner.txt" | tee -a "$d/log.txt"
       [ $rc -ne 0 ] && tail -15 "$d/$size-$runner.txt" | tee -a "$d/log.txt"
     done
+  done
+  ! grep -qE "rc=[1-9]" "$d/log.txt"
+}
+
+part_serve_qwen3() {  # SERVE_SIZES (default "1.7b 0.6b"), SERVE_FRAMES (default 96), SERVE_ARGS (more bench_serve.py args)
+  local d="$OUT/serve-qwen3"; mkdir -p "$d"
+  header serve-qwen3 >> "$d/log.txt"
+  local size ckpt rc t0 up
+  for size in ${SERVE_SIZES:-1.7b 0.6b}; do
+    up=$(echo "$size" | tr a-z A-Z); ckpt="/tmp/Qwen3-TTS-12Hz-$up-CustomVoice"
+    if [ ! -f "$ckpt/config.json" ]; then
+      if (( $(left) < 200 )); then echo "$size: checkpoint not written (time)" | tee -a "$d/log.txt" "$OUT/not-run.txt"; continue; fi
+      t0=$SECONDS
+      timeout 150 python3 -c "import sys; from core.models.qwen3_tts.checkpoint_writer import write_qwen3_tts as w; from omni_backends.registry import select; w(sys.argv[1], sys.argv[2], backend=select('cuda').backend, progress=print)" \
+          "$ckpt" "$size" >> "$d/log.txt" 2>&1
+      rc=$?; echo "$size: checkpoint rc=$rc $((SECONDS - t0)) s ($(du -sh "$ckpt" 2>/dev/null | cut -f1))" | tee -a "$d/log.txt"
+      [ $rc -ne 0 ] && continue
+    fi
+    if (( $(left) < 200 )); then echo "$size: serve not started (time)" | tee -a "$d/log.txt" "$OUT/not-run.txt"; continue; fi
+    t0=$SECONDS
+    # shellcheck disable=SC2086
+    timeout "$(( $(left) - 10 ))" python3 bench/bench_serve.py --model "$ckpt" --device cuda --concurrency 1 8 64 \
+        --frames "${SERVE_FRAMES:-96}" ${SERVE_ARGS:-} --json "$d/$size.json" > "$d/$size.txt" 2>&1
+    rc=$?; echo "$size serve: rc=$rc $((SECONDS - t0)) s" | tee -a "$d/log.txt"
+    grep -E "^\|" "$d/$size.txt" | tee -a "$d/log.txt"
+    [ $rc -ne 0 ] && tail -30 "$d/$size.txt" | tee -a "$d/log.txt"
   done
   ! grep -qE "rc=[1-9]" "$d/log.txt"
 }
@@ -309,6 +341,8 @@ for part in "$@"; do
   case "$part" in
     matrix) part_matrix ;;
     mainjobs) part_mainjobs ;;
+    serve-qwen3) part_serve_qwen3 ;;
+    serving-qwen3) OMNI_TEST_LOG_DIR="$OUT/serving-qwen3/scenarios" pytest_part serving-qwen3 tests/serving/test_serve_qwen3_tts.py ;;
     cublas-probe) part_cublas_probe ;;
     qwen3) part_qwen3 ;;
     qwen3-size) part_qwen3_size ;;
