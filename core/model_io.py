@@ -241,6 +241,19 @@ class ModelOutputAdapter:
             if self._hidden is None:
                 raise RuntimeError("no forward of the model was seen (neither eager nor a captured graph)")
             hidden = self._hidden[:hidden]
+        mm = self.outputs()
+        if self._mm is _ABSENT:  # the persistent buffers: this step's rows
+            n = hidden.shape[0]
+            for k in self._tensor_keys:
+                if (b := mm[k]).shape[0] != n:
+                    mm[k] = b[:n]
+        return OmniOutput(hidden, mm)
+
+    def outputs(self) -> dict[str, Any]:
+        """This step's multimodal outputs as the model returned them (``persistent=False``), or its
+        token-aligned ones as the whole persistent buffers ``[max_num_tokens, ...]`` (a step's rows are the
+        first ``num_tokens``; :meth:`~core.hooks.step_rows.StepRowsCollector.collect` reads only those) and the
+        call's Python objects. Raises ``RuntimeError`` as :meth:`take` does."""
         if not self._called and self._object_keys:
             raise RuntimeError(
                 "the model's forward was replayed from a captured graph, but its multimodal outputs include "
@@ -249,13 +262,12 @@ class ModelOutputAdapter:
             )
         mm = self._mm
         if mm is not _ABSENT:  # the forward's own outputs (no persistent copy made, or none to make)
-            return OmniOutput(hidden, mm)
-        n = hidden.shape[0]
+            return mm
         buffers = self._buffers
-        mm = {k: b if (b := buffers[k]).shape[0] == n else b[:n] for k in self._tensor_keys}
+        mm = {k: buffers[k] for k in self._tensor_keys}
         if self._objects:
             mm.update(self._objects)
-        return OmniOutput(hidden, mm)
+        return mm
 
 
 #: the attribute of an adapter's wrapped ``forward`` naming its :class:`ModelOutputAdapter`

@@ -57,19 +57,6 @@ def as_omni_output(out: Any) -> Any:
     return None
 
 
-def flatten_multimodal(mm: dict[str, Any] | None) -> dict[str, Any]:
-    """``{category: {qualifier: v}}`` -> ``{"category.qualifier": v}`` (vLLM-Omni's
-    key naming, e.g. ``"codes.audio"``); a non-dict top-level value keeps its key."""
-    flat: dict[str, Any] = {}
-    for key, value in (mm or {}).items():
-        if isinstance(value, dict):
-            for qual, v in value.items():
-                flat[f"{key}.{qual}"] = v
-        else:
-            flat[key] = value
-    return flat
-
-
 class StepRows(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
     """One step's multimodal outputs, step-major: what travels runner -> scheduler -> front end, once per
     step (not once per request).
@@ -470,13 +457,19 @@ class HostSlabs:
         """``(slab, first row, the view of the rows)``, ``t`` copied in (one slice of the slab: a tensor
         index is a few microseconds of host time, once per step and output)."""
         n = t.shape[0]
-        key = (t.shape[1:], t.dtype)
+        key = self._key(t)
         entry = self._open.get(key)
         if entry is None or entry[1] + n > entry[0].shape[0]:
-            slab = torch.empty((max(self.rows, n), *t.shape[1:]), dtype=t.dtype, pin_memory=self.pin)
-            entry = self._open[key] = [slab, 0]
+            entry = self._open[key] = [self._new_slab(t, max(self.rows, n)), 0]
         slab, at = entry
         view = slab[at : at + n]
         view.copy_(t, non_blocking=non_blocking)
         entry[1] = at + n
         return slab, at, view
+
+    def _key(self, t: torch.Tensor) -> tuple:
+        return t.shape[1:], t.dtype
+
+    def _new_slab(self, t: torch.Tensor, rows: int) -> torch.Tensor:
+        return torch.empty((rows, *t.shape[1:]), dtype=t.dtype, pin_memory=self.pin)
+

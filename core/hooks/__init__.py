@@ -5,6 +5,7 @@
 - :mod:`core.hooks.batch`: :class:`BatchView`, the scheduled batch as V1 and V2 see it;
 - :mod:`core.hooks.talker_mtp`: the talker MTP on persistent buffers;
 - :mod:`core.hooks.graphs`: graph policy (when the omni parts run in graphs, the talker MTP's graphs);
+- :mod:`core.hooks.step_rows`: :class:`~core.hooks.step_rows.StepRowsCollector`, a step's outputs to its rows in one call;
 - :mod:`core.hooks.omni_hooks`: :class:`OmniHooks`, the protocol.
 """
 

@@ -18,22 +18,18 @@ talker MTP), ``build_extra_kwargs``, ``process_model_output``,
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
-from itertools import repeat
-from operator import add, gt, sub
 from typing import Any, Callable, Iterable, NamedTuple
 
-import numpy as np
 import torch
 
 from core.hooks.batch import BatchView
 from core.hooks.contract import ModelContract, read_contract
 from core.hooks.graphs import graphs_enabled, no_full_graphs
+from core.hooks.step_rows import StepRowsCollector
 from core.hooks.talker_mtp import TalkerMTP, request_generator
 from core.kinds import AR, GENERATION, KINDS
-from core.outputs import HostSlabs, OmniModelRunnerOutput, StepOutputs, StepRows, as_omni_output, flatten_multimodal
+from core.outputs import OmniOutput, StepOutputs, as_omni_output
 from core.patches.compute_logits import install_logits_fallback
 from core.payloads import EXTRA_ARGS_KEY, PayloadStore, unpack
 from core.seams import CUDAGRAPH_MODE
@@ -47,9 +43,6 @@ MTP_SEED_KEY = "tts_local_seed"
 
 #: finished requests whose talker-MTP call count is kept (oldest dropped first)
 FINISHED_MTP_RECORD = 256
-
-#: events an :class:`OmniHooks` records its steps' device-to-host copies with, in turn (``_record_fence``)
-FENCE_EVENTS = 4
 
 
 class MtpRow(NamedTuple):
@@ -77,21 +70,13 @@ class OmniHooks:
         self.model: Any = None
         self.contract: ModelContract = read_contract(None)
         self.payloads = _Payloads((), self._to_device, lambda t: self.backend.to_host(t))
-        self._step_outputs = StepOutputs()
-        #: host memory of the steps' outputs (page-locked slabs made on the first device copy)
-        self._slabs = HostSlabs()
-        self._pinned_slabs: HostSlabs | None = None
-        #: whether device outputs go non-blocking into page-locked slabs (the driver's capabilities, read once)
-        self._d2h_pinned: bool | None = None
-        #: the steps' fences, reused in turn (:meth:`_record_fence`): ``None`` until the first, ``[]`` when the
-        #: driver has no events
-        self._fences: list[Any] | None = None
-        self._fence_next = 0
+        #: the steps' multimodal outputs on their way to the runner output (:mod:`core.hooks.step_rows`)
+        self.rows = StepRowsCollector(backend)
+        #: the model's outputs need no hook of its own per step (no ``postprocess``, ``make_omni_output`` nor
+        #: ``set_batch_req_ids``): :meth:`process_model_output` is then one call of :attr:`rows` (``bind_model``)
+        self.outputs_only = True
         #: the forward takes vLLM-Omni's per-request state kwargs (set by :meth:`bind_model`)
         self.passes_request_state = True
-        #: req_id -> number of token positions whose outputs were already emitted
-        #: (a request recomputed after preemption must not emit them twice)
-        self._emitted: dict[str, int] = {}
         self._mtp_seeds: dict[str, int | None] = {}
         #: requests that arrived without omni state: vLLM's own (V2's warm-up sends real requests,
         #: ``_v2_mixed_warmup_*``); the model's preprocess / postprocess are not run on them
@@ -122,6 +107,7 @@ class OmniHooks:
         default an eager :class:`TalkerMTP` for 256 rows)."""
         self.model = model
         self.contract = c = read_contract(model)
+        self.outputs_only = c.postprocess is None and c.make_omni_output is None and c.set_batch_req_ids is None
         from core.model_io import PER_REQUEST_KWARGS
 
         self.passes_request_state = c.forward_params is None or any(k in c.forward_params for k in PER_REQUEST_KWARGS)
@@ -203,9 +189,8 @@ class OmniHooks:
         if not req_ids:
             return
         self.payloads.free(req_ids)
-        self._step_outputs.drop(req_ids)
+        self.rows.drop(req_ids)
         for r in req_ids:
-            self._emitted.pop(r, None)
             calls = self.mtp_calls.pop(r, None)
             if calls is not None:
                 self.mtp_calls_finished[r] = calls
@@ -380,8 +365,13 @@ class OmniHooks:
         request's rows (positions emitted before -- a request recomputed after
         preemption -- are skipped); a list with one entry per request is handed
         out by position. Names are ``category.qualifier``. Copies go to the CPU
-        through ``Backend.to_host``. Returns the text hidden states
+        through ``Backend.to_host`` (:meth:`~core.hooks.step_rows.StepRowsCollector.collect`, where a step's
+        outputs become its rows). Returns the text hidden states
         ``[num_tokens, H]`` (``None`` if the model returns none)."""
+        if self.outputs_only and type(output) is OmniOutput:  # the adapter's output, no model hook to run
+            if output.multimodal_outputs:
+                self.rows.collect(output.multimodal_outputs, batch.req_ids, batch.query_start_loc, batch.num_computed)
+            return output.text_hidden_states
         c = self.contract
         omni = self.normalize_output(output, model_kwargs)
         hidden = omni.text_hidden_states if omni is not None else output
@@ -400,151 +390,22 @@ class OmniHooks:
         if c.set_batch_req_ids is not None:
             c.set_batch_req_ids(list(batch.req_ids))
         if mm:
-            self._collect(flatten_multimodal(mm), batch)
+            self.rows.collect(mm, batch.req_ids, batch.query_start_loc, batch.num_computed)
         return hidden
-
-    def _collect(self, flat: dict[str, Any], batch: BatchView) -> None:
-        """This step's outputs into :class:`~core.outputs.StepOutputs`, step-major: one host copy per
-        token-aligned tensor for the whole step (non-blocking into page-locked memory where the driver's D2H
-        copies are stream-ordered, fenced by one event) with each request's row range, past the rows it
-        emitted before; per-request list items as they are. Nothing is cut per request here: the front end
-        slices a request's rows when its output is read. The host copies go into :class:`~core.outputs.HostSlabs`
-        (a few large host buffers, rows appended), not one new tensor per step."""
-        req_ids = batch.req_ids
-        n = len(req_ids)
-        emitted = self._emitted
-        qsl = _ints(batch.query_start_loc, n + 1)
-        num_tokens = qsl[-1] if n else 0
-        starts, ends = qsl[:-1], qsl[1:]
-        # rows emitted before, the new watermark (position after this step's rows): C-level maps over the batch,
-        # as measured in bench/RESULTS.md (decode overhead history: the per-step cost, "C-level maps")
-        first = _ints(batch.num_computed, n)
-        done = list(map(emitted.get, req_ids, repeat(0, n)))
-        upto = map(add, first, map(sub, ends, starts))
-        if any(map(gt, done, first)):  # positions emitted before (recomputed after preemption): skip them
-            emitted.update(zip(req_ids, map(max, done, upto)))
-            starts = [min(s + max(d - f, 0), e) for s, e, d, f in zip(starts, ends, done, first)]
-        else:
-            emitted.update(zip(req_ids, upto))
-        tensors, fenced = {}, False
-        for key, value in flat.items():
-            if isinstance(value, torch.Tensor) and value.dim() > 0 and (rows := value.shape[0]) >= num_tokens:
-                host, in_flight = self._host_copy(value[:num_tokens] if rows != num_tokens else value)
-                tensors[key] = host
-                fenced |= in_flight
-            elif isinstance(value, (list, tuple)) and len(value) == n:
-                for req_id, item in zip(req_ids, value):
-                    if item is None:
-                        continue
-                    t = item if isinstance(item, torch.Tensor) else torch.as_tensor(item)
-                    self._add(req_id, key, _owned(self.backend.to_host(t), t))
-        step = self._step_outputs
-        if fenced:
-            step.add_fence(self._record_fence())
-        step.add_spans(req_ids, starts, ends, tensors)
-
-    def _add(self, req_id: str, key: str, value: torch.Tensor) -> None:
-        """One request's ``key`` this step (a host tensor; a second one in the step is concatenated)."""
-        self._step_outputs.add_item(req_id, key, value)
-
-    def _host_copy(self, t: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """``(host tensor, in flight)``: a CPU copy of ``t`` (which lives in a buffer the next forward
-        overwrites, or is the model's own tensor), rows of a :class:`~core.outputs.HostSlabs` slab; in flight: a
-        non-blocking copy into page-locked slab rows, read after the step's fence."""
-        if t.is_cpu:
-            return self._slabs.copy(t), False
-        pinned_ok = self._d2h_pinned
-        if pinned_ok is None:  # static per driver: read once, not per step
-            caps = self.backend.capabilities()
-            pinned_ok = self._d2h_pinned = bool(caps.d2h_stream_ordered and caps.pinned_memory)
-        if pinned_ok:
-            pinned = self._pinned_slabs
-            if pinned is None:
-                pinned = self._pinned_slabs = HostSlabs(pin=True)
-            return pinned.copy(t, non_blocking=True), True
-        return _owned(self.backend.to_host(t), t), False
-
-    def _record_fence(self) -> Callable[[], Any]:
-        """What to wait on before reading this step's in-flight copies: an event recorded now on the
-        current stream (``Backend.new_event``), or a device synchronize where the driver declares no events
-        (``Capabilities.events``).
-
-        The events are made once, :data:`FENCE_EVENTS` of them, and recorded in turn (an event per step cost a
-        device lookup and a driver call every step). A step's fence is waited for within the next step or two
-        (async scheduling); should an event be recorded again before its earlier fence is waited for, that
-        wait covers the later record too: it waits longer, never too little (one stream, in order)."""
-        events = self._fences
-        if events is None:
-            backend = self.backend
-            events = [backend.new_event() for _ in range(FENCE_EVENTS)] if backend.capabilities().events else []
-            self._fences = events
-        if not events:
-            return self.backend.synchronize
-        i = self._fence_next
-        self._fence_next = (i + 1) % len(events)
-        event = events[i]
-        event.record()
-        return event.synchronize
 
     # ------------------------------------------------ get_model_runner_output
     def take_step_outputs(self) -> StepOutputs:
         """This step's multimodal outputs (a read-only mapping req_id -> name -> CPU tensor, built when
         first read: :class:`~core.outputs.StepOutputs`), handed over once."""
-        step, self._step_outputs = self._step_outputs, StepOutputs()
-        return step
+        return self.rows.take()
 
     def get_model_runner_output(self, base: Any, step: Any = None) -> Any:
-        """Wrap vLLM's ``ModelRunnerOutput`` into an :class:`OmniModelRunnerOutput` carrying this step's
-        multimodal outputs step-major (``omni_rows``: :class:`~core.outputs.StepRows`, the step's host tensors
-        with each request's row range; waits for the step's copies) for the requests in it. ``step``: outputs
-        taken earlier with :meth:`take_step_outputs` (or a ``req_id -> name -> tensor`` mapping); ``base``
-        itself when there are none."""
-        if step is None:
-            step = self.take_step_outputs()
-        if not hasattr(base, "req_ids"):
-            return base
-        if isinstance(step, StepOutputs):
-            if step.empty():
-                return base
-            rows = step.rows()
-        else:
-            if not step:
-                return base
-            rows = [_rows_of(step)]
-        req_ids, index = base.req_ids, base.req_id_to_index
-        for b in rows:  # a loop, not a generator: once per step, most steps one part
-            if (b.req_ids != req_ids and not index.keys() >= set(b.req_ids)) \
-                    or (b.item_req_ids and not index.keys() >= set(b.item_req_ids)):
-                rows = [b.only(index.__contains__) for b in rows]  # requests not in vLLM's output: left out
-                break
-        if type(base) is OmniModelRunnerOutput.__base__ and hasattr(base, "__dict__"):
-            # vLLM's own ModelRunnerOutput (a plain dataclass): its fields as they are, plus ours
-            out = OmniModelRunnerOutput.__new__(OmniModelRunnerOutput)
-            out.__dict__.update(base.__dict__)
-            out.omni_rows = rows
-            return out
-        fields = {name: getattr(base, name) for name in _field_names(type(base))}
-        return OmniModelRunnerOutput(**fields, omni_rows=rows)
-
-
-def _rows_of(items: Any) -> StepRows:
-    """A ``req_id -> name -> tensor`` mapping as one :class:`~core.outputs.StepRows` of per-request values."""
-    reqs, names, values = [], [], []
-    for r, step in items.items():
-        for name, v in step.items():
-            reqs.append(r)
-            names.append(name)
-            values.append(v)
-    return StepRows(item_req_ids=reqs, item_names=names, item_values=values)
-
-
-def _ints(values: Any, n: int) -> list[int]:
-    """The first ``n`` of ``values`` (a numpy array or a list, as a ``BatchView`` holds them, or a sequence) as
-    ints (a list of exactly ``n`` is returned as it is: read, not changed)."""
-    if type(values) is list:
-        return values if len(values) == n else values[:n]
-    out = values.tolist() if isinstance(values, np.ndarray) else list(values)
-    return out if len(out) == n else out[:n]
+        """Wrap vLLM's ``ModelRunnerOutput`` into an :class:`~core.outputs.OmniModelRunnerOutput` carrying this
+        step's multimodal outputs step-major (``omni_rows``; waits for the step's copies):
+        :meth:`~core.hooks.step_rows.StepRowsCollector.runner_output`. ``step``: outputs taken earlier with
+        :meth:`take_step_outputs` (or a ``req_id -> name -> tensor`` mapping); ``base`` itself when there are
+        none."""
+        return self.rows.runner_output(base, step)
 
 
 class _Payloads(PayloadStore):
@@ -564,17 +425,3 @@ class _Payloads(PayloadStore):
         req_ids = list(req_ids)
         self.with_embeds.difference_update(req_ids)
         super().free(req_ids)
-
-
-def _owned(host: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-    """``host``, cloned if it still shares memory with ``source`` (a CPU
-    device's ``to_host`` returns its input; the model's outputs live in
-    persistent buffers the next forward overwrites, ``core.model_io``)."""
-    if host.untyped_storage().data_ptr() == source.untyped_storage().data_ptr():
-        return host.clone()
-    return host
-
-
-@functools.lru_cache(maxsize=None)
-def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))

@@ -134,12 +134,13 @@ class OmniModelStateMixin(abc.ABC):
         # runs and graph captures (one call signature per engine: core.model_io.ModelOutputAdapter)
         self.pass_input_ids = self.keep_input_ids or hooks.uses_preprocess
         self._pending: tuple[list[str], Any] | None = None  # (req_ids, BatchView) of this real step
-        self._hidden: Any = None
         self._kwargs: dict[str, Any] = {}
-        # at the model: every call vLLM makes gets a tensor; outputs (and the hidden states, which the
-        # sampler hook reads) land in persistent buffers a FULL-graph replay refreshes
+        # at the model: every call vLLM makes gets a tensor; outputs (and the hidden states, where a model hook
+        # reads them in the sampler hook: not for a model without one) land in persistent buffers a FULL-graph
+        # replay refreshes
         self.omni_io = ModelOutputAdapter(model, self.max_num_tokens,  # type: ignore[attr-defined]
-                                          self.model_config.get_hidden_size(), self.dtype, keep_hidden=True)  # type: ignore[attr-defined]
+                                          self.model_config.get_hidden_size(), self.dtype,  # type: ignore[attr-defined]
+                                          keep_hidden=not hooks.outputs_only)
         self.backend = backend
         self.omni_hooks = hooks  # last: the state counts as bound only when all of the above is set
 
@@ -251,26 +252,32 @@ class OmniModelStateMixin(abc.ABC):
 
     # ---------------------------------------------------------- model output
     def on_sampled(self, input_batch: Any, sampled_token_ids: Any | None) -> None:
-        """For a real batch, before sampling (``sampled_token_ids=None``):
-        ``process_model_output`` on this step's output (``postprocess``, multimodal
-        outputs); after sampling: the step's state is cleared (the talker MTP ran
-        before the forward, in ``prepare_inputs``)."""
-        if self.omni_hooks is None or self._pending is None \
+        """For a real batch, before sampling (``sampled_token_ids=None``): this step's output to its rows --
+        one call of the hooks' :class:`~core.hooks.step_rows.StepRowsCollector` for a model with no output
+        hook (``OmniHooks.outputs_only``), else ``process_model_output`` (``postprocess``, multimodal outputs);
+        after sampling: the step's state is cleared (the talker MTP ran before the forward, in
+        ``prepare_inputs``)."""
+        hooks = self.omni_hooks
+        if hooks is None or self._pending is None \
                 or list(input_batch.req_ids[: input_batch.num_reqs]) != self._pending[0]:
             return  # unbound, or a dummy sampler run
-        batch = self._pending[1]
-        if sampled_token_ids is None:
-            out = self.omni_io.take(int(input_batch.num_tokens_after_padding))
-            self._hidden = self.omni_hooks.process_model_output(out, batch, self._kwargs)
+        if sampled_token_ids is not None:
+            self._pending = None
             return
-        self._pending, self._hidden = None, None
+        batch = self._pending[1]
+        if hooks.outputs_only:
+            mm = self.omni_io.outputs()
+            if mm:
+                hooks.rows.collect(mm, batch.req_ids, batch.query_start_loc, batch.num_computed)
+            return
+        hooks.process_model_output(self.omni_io.take(int(input_batch.num_tokens_after_padding)), batch, self._kwargs)
 
 
 #: names :class:`OmniModelStateMixin` adds to a state (a base class defining one of them conflicts)
 OMNI_STATE_NAMES = frozenset(
     {n for n in vars(OmniModelStateMixin) if not n.startswith(("__", "_abc_"))} - set(STATE_SEAMS)
     | {"talker_mtp", "runner_builds_embeds", "omni_inputs_embeds", "keep_input_ids", "pass_input_ids", "omni_io", "backend",
-       "_pending", "_hidden", "_kwargs"}
+       "_pending", "_kwargs"}
 )
 
 

@@ -58,7 +58,6 @@ class OmniV1RunnerMixin:
         # the driver's sampling rules on the sampler vLLM built (in place: its rejection sampler holds it too)
         wrap_runner_sampler(self, self.omni_hooks.backend.prepare_sampler)  # the patch core.patches.runner_sampler
         self._omni_batch: Any = None  # BatchView, _AFTER_FORWARD, or None outside a real step
-        self._omni_hidden = None
         self._omni_kwargs: dict[str, Any] | None = None
 
     # -------------------------------------------------------------- seams
@@ -183,17 +182,25 @@ class OmniV1RunnerMixin:
         batch = self._omni_batch
         if not self._omni_active or batch is None or not hasattr(hidden, "shape"):  # dummy runs; intermediate tensors (PP)
             return hidden
+        hooks = self.omni_hooks
         if batch is _AFTER_FORWARD:  # the same step's arrays: vLLM changes them only in the next _update_states
+            if hooks.outputs_only:  # no model hook to run: the forward's outputs to the step's rows in one call
+                mm = self._omni_io.outputs()
+                if mm:
+                    ib = self.input_batch
+                    n = ib.num_reqs
+                    hooks.rows.collect(mm, ib.req_ids[:n], self.query_start_loc.np[: n + 1],
+                                       ib.num_computed_tokens_cpu[:n])
+                return hidden
             batch = self._omni_batch = self._lean_batch_view()
-        self.omni_hooks.process_model_output(self._omni_io.take(hidden), batch, self._omni_kwargs)
-        self._omni_hidden = hidden
+        hooks.process_model_output(self._omni_io.take(hidden), batch, self._omni_kwargs)
         return hidden
 
     def sample_tokens(self, grammar_output: Any) -> Any:
         out = super().sample_tokens(grammar_output)
         if not self._omni_active:
             return out
-        self._omni_batch, self._omni_hidden, self._omni_kwargs = None, None, None
+        self._omni_batch, self._omni_kwargs = None, None
         return omni_runner_output(out, self.omni_hooks)  # async outputs: a real AsyncModelRunnerOutput
 
 

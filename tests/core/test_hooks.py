@@ -94,11 +94,11 @@ def test_on_new_requests_unpacks_state_and_seed_and_finish_frees_and_tells_the_m
     assert a["text"] == ["hi"] and a["voice"] == 2 and torch.equal(a["embed"]["prefill"], th)
     assert cpu_backend.is_device_tensor(a["embed"]["prefill"])
     assert hooks._mtp_seeds["a"] == 17
-    hooks._add("a", "x", torch.ones(1))
+    hooks.rows.add_item("a", "x", torch.ones(1))
     hooks.mtp_calls["a"] = 3
     hooks.on_finished_requests(["a", "unknown"])
     assert "a" not in hooks.payloads and len(hooks.payloads) == 0
-    assert "a" not in hooks._step_outputs and "a" not in hooks.mtp_calls and "a" not in hooks._mtp_seeds
+    assert "a" not in hooks.rows.step and "a" not in hooks.mtp_calls and "a" not in hooks._mtp_seeds
     assert model.finished == [["a", "unknown"]]
 
 
@@ -280,7 +280,7 @@ def test_process_model_output_slices_per_request_and_merges_postprocess(cpu_back
     waves = [torch.full((i + 1,), float(i)) for i in range(len(IDS))]  # a per-request list (code2wav-style)
     out = hooks.process_model_output(OmniOutput(hidden, {"hidden": per_token, "audio": {"wave": waves}}), b)
     assert out is hidden
-    step = hooks._step_outputs
+    step = hooks.rows.step
     assert set(step) == set(IDS)
     for i, r in enumerate(IDS):
         s, e = b.span(i)
@@ -313,7 +313,7 @@ def test_vllm_omnis_output_namedtuple_and_make_omni_output_are_recognised(cpu_ba
     hidden = torch.ones(NUM_TOKENS, H)
     got = hooks.process_model_output(hidden, b, {"model_intermediate_buffer": []})
     assert torch.equal(got, hidden * 2) and model.kwargs == {"model_intermediate_buffer": []}
-    assert hooks._step_outputs["mid"]["codes.audio"].shape == (8, 3)
+    assert hooks.rows.step["mid"]["codes.audio"].shape == (8, 3)
     # text_hidden_states=None (a code2wav-style model) is handed back as None
     hooks.bind_model(object())
     assert hooks.process_model_output(OmniOutput(None, {"model_outputs": [torch.ones(2)] * 5}), b) is None
@@ -338,7 +338,7 @@ def test_get_model_runner_output_wraps_vllms_output_keeping_every_field(cpu_back
     hooks.bind_model(object())
     b = batch()
     hooks.process_model_output(OmniOutput(torch.zeros(NUM_TOKENS, H), {"h": torch.ones(NUM_TOKENS, 2)}), b)
-    hooks._add("gone", "h", torch.ones(1, 2))  # a request not in this output (e.g. aborted meanwhile)
+    hooks.rows.add_item("gone", "h", torch.ones(1, 2))  # a request not in this output (e.g. aborted meanwhile)
     base = _runner_output(IDS)
     out = hooks.get_model_runner_output(base)
     assert isinstance(out, OmniModelRunnerOutput) and isinstance(out, ModelRunnerOutput)
@@ -568,7 +568,7 @@ def test_recomputed_positions_after_preemption_are_not_emitted_twice():
     rows = torch.cat(got)[:, 0].tolist()
     assert rows == [0, 1, 2, 3, 4, 5]
     hooks.on_finished_requests(["r"])
-    assert "r" not in hooks._emitted
+    assert "r" not in hooks.rows.emitted
 
 
 def test_a_model_taking_per_request_kwargs_gets_no_full_cuda_graphs(cpu_backend):
@@ -655,7 +655,7 @@ def test_step_fences_reuse_a_few_events_in_turn_and_a_driver_without_events_sync
     that declares no events (``Capabilities.events`` False) gets ``Backend.synchronize``; its ``new_event`` is
     never called and its capabilities are read once."""
     from core.hooks import OmniHooks
-    from core.hooks.omni_hooks import FENCE_EVENTS
+    from core.hooks.step_rows import FENCE_EVENTS
     from omni_backends.backend import Capabilities
 
     class Event:
@@ -686,7 +686,7 @@ def test_step_fences_reuse_a_few_events_in_turn_and_a_driver_without_events_sync
 
     backend = Backend()
     hooks = OmniHooks(backend, "ar")
-    waits = [hooks._record_fence() for _ in range(3 * FENCE_EVENTS + 1)]
+    waits = [hooks.rows.record_fence() for _ in range(3 * FENCE_EVENTS + 1)]
     assert len(backend.made) == FENCE_EVENTS  # before: one new event per step
     assert [w.__self__ for w in waits] == [backend.made[i % FENCE_EVENTS] for i in range(len(waits))]
     assert [e.records for e in backend.made] == [4] + [3] * (FENCE_EVENTS - 1)
@@ -699,4 +699,4 @@ def test_step_fences_reuse_a_few_events_in_turn_and_a_driver_without_events_sync
 
     bare = NoEvents()
     hooks = OmniHooks(bare, "ar")
-    assert all(hooks._record_fence() == bare.synchronize for _ in range(3)) and bare.asked == 1
+    assert all(hooks.rows.record_fence() == bare.synchronize for _ in range(3)) and bare.asked == 1

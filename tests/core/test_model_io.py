@@ -314,7 +314,7 @@ def test_v1_async_output_is_an_async_model_runner_output_with_its_own_step(async
 
     class Base:
         def sample_tokens(self, grammar_output):
-            hooks._add("a", "x", next(steps))
+            hooks.rows.add_item("a", "x", next(steps))
             return AsyncGPUModelRunnerOutput(_runner_output(["a"]))
 
     runner = type("R", (OmniV1RunnerMixin, Base), {"__init__": lambda self: None})()

@@ -147,7 +147,7 @@ def test_a_dummy_batch_gets_inputs_but_runs_no_request_hooks(vllm_config):
     model(**{"input_ids": None, "positions": None, **kw})
     sampler, _ = omni_sampler(state, greedy_inner())
     sampler(torch.randn(2, VOCAB), dummy)
-    assert state.omni_hooks._step_outputs == {} and state.omni_hooks.mtp_calls == {}
+    assert state.omni_hooks.rows.step == {} and state.omni_hooks.mtp_calls == {}
     # nothing is stored for the dummy's made-up ids (vLLM never removes them: each profile / warm-up run of a
     # V2 engine left entries behind, seen as empty payloads on the H200's v2-graphs run)
     assert sorted(state.omni_hooks.payloads.request_ids()) == sorted(IDS)

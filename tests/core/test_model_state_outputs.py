@@ -38,7 +38,7 @@ def test_one_step_postprocess_and_multimodal_outputs_through_the_sampler(vllm_co
     logits = model.compute_logits(out[b.logits_indices])
     so = sampler(logits, b)
     assert isinstance(so, SamplerOutput)
-    step = state.omni_hooks._step_outputs
+    step = state.omni_hooks.rows.step
     for i, r in enumerate(IDS):
         s, e = (0, 1, 9, 13)[i], (0, 1, 9, 13)[i + 1]
         torch.testing.assert_close(step[r]["hidden"], raw.text_hidden_states[s:e].detach())
@@ -68,7 +68,7 @@ def test_full_graph_replay_reads_the_persistent_outputs(vllm_config):
     mm_buf[:16].copy_(replayed.multimodal_outputs["hidden"].detach())
     sampler, _ = omni_sampler(state, greedy_inner())
     sampler(model.compute_logits(hidden_buf[:16][b.logits_indices]), b)
-    step = state.omni_hooks._step_outputs
+    step = state.omni_hooks.rows.step
     torch.testing.assert_close(step["mid"]["hidden"], replayed.text_hidden_states[1:9].detach())
     torch.testing.assert_close(state.omni_hooks.payloads.get("mid")["hidden_states"]["last"],
                                replayed.text_hidden_states[8:9].detach())

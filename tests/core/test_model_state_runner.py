@@ -212,7 +212,7 @@ def test_v2_runner_seam_converts_async_output_with_its_own_step(cpu_selected):
 
     class Base:
         def sample_tokens(self, grammar_output):
-            hooks._add("a", "x", next(steps))  # what this step's hooks produced
+            hooks.rows.add_item("a", "x", next(steps))  # what this step's hooks produced
             return Async(_runner_output(["a"]))
 
     runner = type("R", (OmniV2RunnerMixin, Base), {})()
