@@ -256,9 +256,27 @@ PROMETHEUS_STAT_LOGGER = _call("vllm.v1.metrics.loggers", "PrometheusStatLogger"
                                kind="class")
 SERVING_SYMBOLS = (OPENAI_ERROR_RESPONSE, OPENAI_MODEL_CARD, OPENAI_MODEL_LIST, PROMETHEUS_STAT_LOGGER)
 
+# ------------------------------------------------------------------ vLLM-Omni: what its models read from the core
+_OMNI_CONFIG = "vllm_omni.config.model"
+_CODE2WAV = "vllm_omni.model_executor.models.qwen3_tts.qwen3_tts_code2wav"
+#: the ``OmniModelConfig`` fields the core sets on a stage's ``ModelConfig`` (core.patches.model_config_fields)
+OMNI_ASYNC_CHUNK = VendorSymbol(_OMNI_CONFIG, "OmniModelConfig.async_chunk", kind="attribute", dist="vllm-omni")
+OMNI_STAGE_CONNECTOR_CONFIG = VendorSymbol(_OMNI_CONFIG, "OmniModelConfig.stage_connector_config", kind="attribute",
+                                           dist="vllm-omni")
+#: Qwen3-TTS code2wav reads ``async_chunk`` when built, and its decode settings from the connector config when
+#: its weights load, where it enables its decoder's CUDA graph (core.models.qwen3_tts.stages.stage_engine_args)
+CODE2WAV_READS_ASYNC_CHUNK = VendorSymbol(_CODE2WAV, "Qwen3TTSCode2Wav.__init__", dist="vllm-omni",
+                                          mentions=("async_chunk",))
+CODE2WAV_READS_DECODE_CONFIG = VendorSymbol(
+    _CODE2WAV, "Qwen3TTSCode2Wav.load_weights", dist="vllm-omni",
+    mentions=("stage_connector_config", "decode_batch_max_size", "codec_chunk_frames", "codec_left_context_frames",
+              "initial_codec_chunk_frames", "_maybe_enable_decoder_cudagraph"))
+VLLM_OMNI_SYMBOLS = (OMNI_ASYNC_CHUNK, OMNI_STAGE_CONNECTOR_CONFIG, CODE2WAV_READS_ASYNC_CHUNK,
+                     CODE2WAV_READS_DECODE_CONFIG)
+
 SYMBOLS: tuple[VendorSymbol, ...] = (*IMPORTED, *ENGINE_SYMBOLS, *PIPELINE_SYMBOLS, *GRAPH_SYMBOLS, *V1_SYMBOLS,
-                                     *V2_SYMBOLS, *MROPE_SYMBOLS, *SERVING_SYMBOLS)
-"""Every vLLM symbol the core binds (what ``check-drift`` resolves from :data:`CONTRACT`)."""
+                                     *V2_SYMBOLS, *MROPE_SYMBOLS, *SERVING_SYMBOLS, *VLLM_OMNI_SYMBOLS)
+"""Every vLLM (and vLLM-Omni) symbol the core binds (what ``check-drift`` resolves from :data:`CONTRACT`)."""
 
 #: executors that receive ``sample_tokens``' output and unwrap an async one.
 EXECUTORS = (
@@ -351,4 +369,4 @@ CONTRACT = SeamContract(name="core", root=ROOT, v1=V1, v2=V2, symbols=SYMBOLS, p
 patches of live vLLM objects (:data:`core.patches.PATCHES`)."""
 
 __all__ = ["ASYNC_OUTPUT", "CONTRACT", "IMPORTED", "MODEL_CALL_FORMS", "MODEL_OUTPUT_ADAPTER", "ROOT", "SYMBOLS", "V1",
-           "V1_SEAMS", "V1_SYMBOLS", "V2", "V2_RUNNER_SEAMS", "V2_STATE_SEAMS", "V2_SYMBOLS"]
+           "V1_SEAMS", "V1_SYMBOLS", "V2", "V2_RUNNER_SEAMS", "V2_STATE_SEAMS", "V2_SYMBOLS", "VLLM_OMNI_SYMBOLS"]

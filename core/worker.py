@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from core.kinds import AR, GENERATION
+from core.patches.model_config_fields import apply_model_config_fields
 from core.patches.worker_runner import replace_model_runner
 from core.runner import build_runner_class
 from omni_backends.placement import check_worker_binding, distributed_backend_in_use
@@ -26,7 +27,9 @@ _KIND_BY_NAME = {"OmniARWorker": AR, "OmniGenerationWorker": GENERATION}
 class OmniWorkerMixin:
     """After the base worker set its device up and built vLLM's runner,
     replace that runner with the omni runner over the same base
-    (:mod:`core.patches.worker_runner`)."""
+    (:mod:`core.patches.worker_runner`), and set the per-stage model-config
+    fields the engine was started with, before the model is built
+    (:mod:`core.patches.model_config_fields`)."""
 
     omni_kind: str = AR
 
@@ -42,6 +45,7 @@ class OmniWorkerMixin:
                                                 check_index=executor not in ("ray", "external_launcher"))
         runner_cls = build_runner_class(backend, self.omni_kind, v2=bool(self.vllm_config.use_v2_model_runner))
         replace_model_runner(self, runner_cls)  # the patch core.patches.worker_runner
+        apply_model_config_fields(self.vllm_config)  # the patch core.patches.model_config_fields
 
     def omni_state(self) -> dict[str, Any]:
         """What this rank's omni runner holds (``llm.collective_rpc("omni_state")``):

@@ -105,3 +105,30 @@ def test_runner_modules_import_the_declaration_instead_of_restating_it(module):
     declared |= {id(s) for p in seams.CONTRACT.patches for s in p.checks}
     own = [n for n, v in vars(mod).items() if isinstance(v, VendorSymbol) and id(v) not in declared]
     assert own == [], f"{module} declares its own vendor symbols {own}: declare them in core/seams.py"
+
+
+def test_the_vllm_omni_seams_are_proven_against_the_installed_wheel():
+    """What vLLM-Omni's models read from the core (``core.seams.VLLM_OMNI_SYMBOLS``) is resolved by
+    ``check-drift`` against the installed vllm-omni (its installed mode reads every top-level package the
+    contract names); a seam whose behaviour is gone from that source is drift (the control)."""
+    import dataclasses
+
+    from core.models import vllm_omni
+    from core.seams import CODE2WAV_READS_DECODE_CONFIG, CONTRACT, VLLM_OMNI_SYMBOLS
+    from omni_backends.drift.cli import run_check
+    from omni_backends.drift.model import Declared
+    from omni_backends.drift.symbols import check_declarations
+
+    if vllm_omni.installed_version() is None:
+        pytest.skip("vllm-omni is not installed (scripts/setup.sh test installs it)")
+    report = run_check(["cpu"], contracts=[CONTRACT])
+    core = next(r for r in report["contract_symbols"] if r["driver"] == "core")
+    assert core["checked"] == core["symbols"] == len(CONTRACT.symbols) and core["drift"] == 0, core["findings"]
+    from omni_backends.drift.cli import installed_sources
+
+    resolver = installed_sources({"vllm_omni"})
+    ok = check_declarations("core", [Declared(s.qualname, s, ()) for s in VLLM_OMNI_SYMBOLS], resolver)
+    assert ok.checked == len(VLLM_OMNI_SYMBOLS) and not ok.drift
+    gone = dataclasses.replace(CODE2WAV_READS_DECODE_CONFIG, mentions=("decode_setting_that_is_not_there",))
+    bad = check_declarations("core", [Declared(gone.qualname, gone, ())], resolver)
+    assert [f.kind for f in bad.drift] == ["missing-behaviour"], [f.to_json() for f in bad.findings]

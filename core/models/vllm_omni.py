@@ -331,6 +331,9 @@ def load_module(name: str, backend: Any = None, *, platform: bool = True) -> typ
     missing."""
     with _lock:
         _bare_package()
+        # vLLM-Omni's own logger set-up (its ``vllm_omni.logger``, which ``vllm_omni/__init__`` imports): its
+        # modules' log lines go through vLLM's handlers, e.g. code2wav's "Code2Wav decoder CUDA Graph enabled"
+        importlib.import_module(f"{PACKAGE}.logger")
         if platform:
             platforms = importlib.import_module(f"{PACKAGE}.platforms")
             if platforms._current_omni_platform is None:

@@ -23,6 +23,7 @@ Importing this package imports neither torch nor vLLM (``check-drift`` reads :da
 | :mod:`~core.patches.model_forward` | the model instance's ``forward``: wrapped by the output adapter |
 | :mod:`~core.patches.compute_logits` | a generation model's ``compute_logits``: ``None`` becomes zero logits |
 | :mod:`~core.patches.compilation_config` | ``vllm_config.compilation_config``: graph mode lowered, input copies on |
+| :mod:`~core.patches.model_config_fields` | ``vllm_config.model_config``: vLLM-Omni's per-stage fields set (``async_chunk``, ...) |
 | :mod:`~core.patches.output_processor_class` | the front end's ``OutputProcessor``: class swapped |
 | :mod:`~core.patches.request_state_class` | each request's ``RequestState``: class swapped |
 | :mod:`~core.patches.request_output_collector_class` | each ``AsyncLLM`` request queue: class swapped |
@@ -37,6 +38,7 @@ from core.patches import (
     compilation_config,
     compute_logits,
     engine_core_decoder,
+    model_config_fields,
     model_forward,
     model_mrope_interface,
     model_state_class,
@@ -53,7 +55,7 @@ from omni_backends import patches as driver_patches
 PATCHES = (
     worker_runner.PATCH, model_state_class.PATCH, v2_init_model_state.PATCH, model_mrope_interface.PATCH,
     runner_sampler.PATCH, model_forward.PATCH, compute_logits.PATCH,
-    compilation_config.PATCH, output_processor_class.PATCH, request_state_class.PATCH,
+    compilation_config.PATCH, model_config_fields.PATCH, output_processor_class.PATCH, request_state_class.PATCH,
     request_output_collector_class.PATCH, request_output_field.PATCH, engine_core_decoder.PATCH,
     driver_patches.PATCH,
 )

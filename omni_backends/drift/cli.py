@@ -111,7 +111,8 @@ def run_check(drivers: list[str] | None = None, sources: list[str] | None = None
     if contracts:
         seam_resolver = resolver if sources else installed_sources(
             {"vllm"} | {d.symbol.module.split(".")[0] for cls in classes.values()
-                        for m in ("model_runner_base", "worker_base") for d in runner_bases(cls, m)})
+                        for m in ("model_runner_base", "worker_base") for d in runner_bases(cls, m)}
+            | {s.module.split(".")[0] for c in contracts for s in c.symbols})  # e.g. vllm_omni, where installed
     seams = {n: check_driver_seams(cls, contracts, seam_resolver) if contracts else [] for n, cls in classes.items()}
     # every vendor symbol a contract's code binds (the core's ``core.seams.SYMBOLS``), resolved like a driver's
     # (read from source, as the seams are: instance attributes and unbound signatures read as written)

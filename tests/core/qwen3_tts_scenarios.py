@@ -58,7 +58,28 @@ TALKER = [
 
 
 def code2wav_engine(model_dir: str):
-    return omni_engine(model_dir, kind="generation", hf_overrides=CODE2WAV, skip_tokenizer_init=True)
+    """The code2wav engine with what the served stage gives its model (``stage_engine_args``'
+    ``additional_config``: the deploy's connector config, ``async_chunk``)."""
+    from core.models.qwen3_tts import code2wav_model_config, deploy_defaults
+
+    return omni_engine(model_dir, kind="generation", hf_overrides=CODE2WAV, skip_tokenizer_init=True,
+                       additional_config=code2wav_model_config(deploy_defaults()))
+
+
+def decode_config(model) -> dict:
+    """What vLLM-Omni's code2wav read from its model config: ``async_chunk``, the connector config, its decoder's
+    batching and chunking, and whether its decoder's CUDA graph is on (with the shapes it captured)."""
+    dec = model.decoder
+    wrapper = getattr(dec, "_cudagraph_wrapper", None)
+    return {"async_chunk": model._async_chunk,
+            "stage_connector_config": getattr(model.vllm_config.model_config, "stage_connector_config", None),
+            "decode_batch_max_size": model._decode_batch_max_size,
+            "initial_codec_chunk_frames": dec._initial_codec_chunk_frames,
+            "codec_chunk_frames": dec._incremental_chunk_frames,
+            "enforce_eager": bool(model.vllm_config.model_config.enforce_eager),
+            "device": str(model.vllm_config.device_config.device),
+            "decoder_graph": bool(getattr(dec, "_cudagraph_enabled", False)),
+            "decoder_graph_shapes": sorted(getattr(wrapper, "stateless_states", {}) or {})}
 
 
 def synthesize(llm, frames: list) -> list:
@@ -107,7 +128,8 @@ def code2wav(model_dir: str) -> dict:
     model = runner_of(llm).get_model()
     return {"frames": frames, "outputs": outs, "direct": direct_waveforms(model, frames),
             "model_class": [type(model).__module__, type(model).__qualname__],
-            "upsample": int(model._total_upsample), "streamed": streamed(llm, frames[1])}
+            "upsample": int(model._total_upsample), "streamed": streamed(llm, frames[1]),
+            "decode_config": decode_config(model)}
 
 
 def streamed(llm, frames) -> dict:

@@ -190,6 +190,32 @@ def test_code2wav_streamed_chunks_with_left_context_equal_the_whole_decode(scena
     torch.testing.assert_close(joined, whole, **_waveform_tolerance(test_device))
 
 
+def test_code2wav_reads_the_deploys_decode_config_and_its_decoder_graph_follows_the_device(scenario, test_device,
+                                                                                            variant) -> None:
+    """The code2wav model read the deploy's connector config (as the served stage gives it,
+    ``stage_engine_args``): ``decode_batch_max_size``, the codec chunking, ``async_chunk`` False (each chunk its
+    own request with its left context); its decoder's own CUDA graph is on exactly where vLLM-Omni turns it on:
+    a CUDA device without ``enforce_eager`` -- there with the stateless shapes that cover the core's chunks
+    (72 + 25 frames padded to 150) at the deploy's graph batch size (1)."""
+    from core.models.qwen3_tts import deploy_defaults
+
+    r = scenario("code2wav", variant)
+    if _code2wav_refused_on_v2(r):
+        pytest.skip("this vLLM's V2 runner cannot run a model without a KV cache")
+    d, deploy = r["decode_config"], deploy_defaults()
+    extra = deploy.connector["extra"]
+    assert d["stage_connector_config"] == {"name": deploy.connector["name"], "extra": {**extra, "stage_id": 1}}
+    assert d["async_chunk"] is False
+    assert d["decode_batch_max_size"] == int(extra["decode_batch_max_size"])
+    assert (d["initial_codec_chunk_frames"], d["codec_chunk_frames"]) == (deploy.initial_chunk_frames,
+                                                                        deploy.chunk_frames)
+    on_cuda = d["device"].startswith("cuda") and not d["enforce_eager"]
+    assert d["decoder_graph"] is on_cuda, d
+    if on_cuda:
+        widest = deploy.left_context_frames + deploy.chunk_frames
+        assert any(size >= widest for _, size in d["decoder_graph_shapes"]), d
+
+
 # ---------------------------------------------------------------- talker
 def test_talker_codes_equal_the_plain_pytorch_reference_loop(scenario, variant) -> None:
     r = scenario("talker", variant)

@@ -83,7 +83,7 @@ _API = {
     "TTSRequest": "requests", "TTSRequestError": "requests", "check_tts_request": "requests",
     "talker_inputs": "requests",
     "stage_engine_args": "stages", "talker_frames": "stages", "code2wav_inputs": "stages",
-    "code2wav_waveform": "stages",
+    "code2wav_waveform": "stages", "code2wav_model_config": "stages",
 }
 
 

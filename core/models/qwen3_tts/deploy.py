@@ -54,6 +54,9 @@ class Qwen3TTSDeploy:
     - ``initial_chunk_frames`` (1), ``chunk_frames`` (25), ``left_context_frames`` (72, "must match the decoder
       sliding attention window"): the streaming window of the talker -> code2wav connector;
     - ``model_runner`` (``"v2"``), ``async_chunk`` (True), ``max_instructions_length`` (500);
+    - ``connector``: the talker -> code2wav connector as the YAML declares it (``{"name": "SharedMemoryConnector",
+      "extra": {...}}``: the chunking above plus what code2wav's ``load_weights`` reads from it, e.g.
+      ``decode_batch_max_size`` 4; the ``connectors:`` entry stage 1's ``input_connectors`` names);
     - ``source``: the two files read (absolute paths), ``version``: the installed vllm-omni's.
     """
 
@@ -68,6 +71,7 @@ class Qwen3TTSDeploy:
     model_runner: str
     async_chunk: bool
     max_instructions_length: int
+    connector: dict
     source: tuple[str, str]
     version: str
 
@@ -132,10 +136,11 @@ def deploy_defaults() -> Qwen3TTSDeploy:
     if sorted(stages) != [0, 1] or sorted(pipeline) != [0, 1]:
         raise ValueError(f"{yaml_path} / {pipeline_path}: expected stages 0 (talker) and 1 (code2wav)")
     connectors = deploy.get("connectors") or {}
-    extra = next((c.get("extra") or {} for c in connectors.values() if "codec_chunk_frames" in (c.get("extra") or {})),
-                 None)
-    if extra is None:
-        raise ValueError(f"{yaml_path}: no connector with codec_chunk_frames")
+    inputs = list((stages[1].get("input_connectors") or {}).values())
+    connector = connectors.get(inputs[0]) if len(inputs) == 1 else None
+    extra = (connector or {}).get("extra") or {}
+    if "codec_chunk_frames" not in extra:
+        raise ValueError(f"{yaml_path}: stage 1 (code2wav) names no input connector with codec_chunk_frames")
     engine_args, sampling, model_arch = {}, {}, {}
     for sid, name in enumerate(STAGES):
         stage, pipe = stages[sid], pipeline[sid]
@@ -156,6 +161,7 @@ def deploy_defaults() -> Qwen3TTSDeploy:
         chunk_frames=int(extra["codec_chunk_frames"]), left_context_frames=int(extra["codec_left_context_frames"]),
         model_runner=str(deploy.get("model_runner", "v1")), async_chunk=bool(deploy.get("async_chunk", False)),
         max_instructions_length=int(tts_args.get("max_instructions_length", 500)),
+        connector={"name": str(connector.get("name", "")), "extra": dict(extra)},
         source=(yaml_path, pipeline_path), version=installed_version() or "",
     )
 

@@ -24,7 +24,7 @@ STAGES = ("talker", "code2wav")
 
 def stage_engine_args(ckpt: Any, deploy: Any, stage: str, backend: Any = None, *, dtype: str | None = None,
                       max_num_seqs: int | None = None, max_model_len: int | None = None,
-                      max_frames: int | None = None, seed: int = 0) -> dict[str, Any]:
+                      max_frames: int | None = None, window: Any = None, seed: int = 0) -> dict[str, Any]:
     """``make_engine`` keyword arguments (``model`` included) for ``stage`` (``"talker"`` | ``"code2wav"``) of
     ``ckpt`` under ``deploy``.
 
@@ -36,7 +36,11 @@ def stage_engine_args(ckpt: Any, deploy: Any, stage: str, backend: Any = None, *
     Talker: ``max_model_len`` = argument, else the deploy's, at most ``max_position_embeddings``.
     Code2wav: a request carries ``Q * frames`` codes; ``max_frames`` (default: the streaming window, the deploy's
     ``left_context_frames + chunk_frames``) sets ``max_model_len = Q * max_frames + 1`` and
-    ``max_num_batched_tokens = max_num_seqs * max_model_len`` (a code2wav request is one forward, never split).
+    ``max_num_batched_tokens = max_num_seqs * max_model_len`` (a code2wav request is one forward, never split);
+    ``additional_config`` (:func:`code2wav_model_config`): what vLLM-Omni's ``OmniModelConfig`` gives the model
+    (the deploy's connector config, ``async_chunk``), set on the stage's ``ModelConfig`` in its worker
+    (:mod:`core.patches.model_config_fields`); ``window`` (a :class:`~core.pipeline.spec.ChunkWindow`, default
+    the deploy's): the chunking it says.
     With ``backend``: the engine's memory sized for its model (``omni_backends.engine_memory.engine_memory_kw``).
     Not taken from the deploy: ``gpu_memory_utilization`` (sized per model instead, above), the talker's
     ``max_num_batched_tokens`` 512 (a latency setting that would split a long prompt into chunked prefill, which
@@ -68,13 +72,44 @@ def stage_engine_args(ckpt: Any, deploy: Any, stage: str, backend: Any = None, *
         kw["dtype"] = dtype or str(eng.get("dtype", ckpt.speech_tokenizer_dtype))
         frames = int(max_frames or (deploy.left_context_frames + max(deploy.chunk_frames, deploy.initial_chunk_frames)))
         length = int(max_model_len or ckpt.num_code_groups * frames + 1)
-        kw.update(max_model_len=length, max_num_batched_tokens=seqs * length)
+        kw.update(max_model_len=length, max_num_batched_tokens=seqs * length,
+                  additional_config=code2wav_model_config(deploy, window))
     if backend is not None:
         from omni_backends.engine_memory import engine_memory_kw
 
         kw.update(engine_memory_kw(backend, ckpt.path, max_model_len=kw["max_model_len"], max_num_seqs=seqs,
                                    dtype=kw["dtype"]))
     return kw
+
+
+def code2wav_model_config(deploy: Any, window: Any = None) -> dict[str, Any]:
+    """The engine argument ``additional_config`` of the code2wav stage: vLLM-Omni's ``OmniModelConfig`` fields as
+    its ``OmniEngineArgs.create_model_config`` makes them for stage 1 under ``deploy``
+    (:func:`core.patches.model_config_fields.additional_config`):
+
+    - ``stage_connector_config``: ``{"name": ..., "extra": {...}}``, the deploy's talker -> code2wav connector
+      (``deploy.connector``) with ``extra["stage_id"] = 1``; ``Qwen3TTSCode2Wav.load_weights`` reads its decode
+      settings there (``decode_batch_max_size``, ``codec_chunk_frames``, ``codec_left_context_frames``,
+      ``initial_codec_chunk_frames``, and ``decode_chunk_frames`` / ``decode_cudagraph_batch_sizes`` /
+      ``decode_left_context_frames`` where the deploy sets them) and, on a CUDA device unless ``enforce_eager``,
+      enables its decoder's CUDA graph with them. ``window`` (the chunking the stage graph runs, e.g.
+      ``--chunk-frames``) gives the three ``codec_*`` frame counts when given;
+    - ``async_chunk`` False: the stage graph hands code2wav each chunk as a request of its own that carries its
+      left context (:func:`code2wav_inputs`), so the model decodes it statelessly (vLLM-Omni's ``async_chunk:
+      false`` decode: batched across the step's requests, the decoder graph captured at its stateless sizes).
+      The deploy's ``async_chunk`` (True) is its connector's incremental protocol, in which one code2wav request
+      lives for the whole utterance and the model keeps that request's decoder state; the core's hand-over does
+      not keep a code2wav request across chunks, so that state would be a new one for every chunk.
+    """
+    from core.patches.model_config_fields import additional_config
+
+    extra = {**deploy.connector["extra"], "stage_id": STAGES.index("code2wav")}
+    if window is not None:
+        extra.update(codec_chunk_frames=int(window.chunk_frames),
+                     codec_left_context_frames=int(window.left_context_frames or 0),
+                     initial_codec_chunk_frames=int(window.first_chunk_frames))
+    return additional_config(stage_connector_config={"name": deploy.connector["name"], "extra": extra},
+                             async_chunk=False)
 
 
 def talker_frames(output: Any) -> Any:
@@ -146,4 +181,5 @@ def sample_rate(output: Any, default: int = 24000) -> int:
     return int(sr.reshape(-1)[0]) if sr is not None else default
 
 
-__all__ = ["STAGES", "code2wav_inputs", "code2wav_waveform", "sample_rate", "stage_engine_args", "talker_frames"]
+__all__ = ["STAGES", "code2wav_inputs", "code2wav_model_config", "code2wav_waveform", "sample_rate", "stage_engine_args",
+           "talker_frames"]

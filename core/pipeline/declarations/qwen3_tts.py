@@ -79,11 +79,12 @@ def request_of_run(cfg: Any) -> Any:
 def _engine_args(stage: str) -> Callable[[PipelineModel, Any], dict[str, Any]]:
     def engine_args(model: PipelineModel, cfg: Any) -> dict[str, Any]:
         """:func:`core.models.qwen3_tts.stage_engine_args` (the deploy's engine arguments, the architecture per
-        stage, the checkpoint's dtype); code2wav sized for the widest chunk with its left context."""
+        stage, the checkpoint's dtype); code2wav sized for the widest chunk with its left context, its model
+        given the deploy's connector config with this chunk window."""
         w = model.window
         kw = _tts().stage_engine_args(model.info["checkpoint"], model.info["deploy"], stage, seed=cfg.seed,
                                       max_frames=w.left_context_frames + max(w.chunk_frames, w.first_chunk_frames)
-                                      if stage == "code2wav" else None)
+                                      if stage == "code2wav" else None, window=w if stage == "code2wav" else None)
         kw.pop("kind", None)  # the declaration's StageSpec.kind says it
         return kw
 

@@ -106,6 +106,8 @@ def engine_overrides(overrides: dict[str, dict[str, Any]], stage: str) -> dict[s
 def engine_config(engine: Any) -> dict[str, Any]:
     """What vLLM resolved for a stage's engine (a ``vllm.LLM`` or an ``AsyncLLM``): runner, graphs,
     scheduling, process layout, memory."""
+    from core.patches.model_config_fields import model_config_fields
+
     cfg = getattr(getattr(engine, "llm_engine", engine), "vllm_config")
     cc = cfg.compilation_config
     return {
@@ -122,6 +124,8 @@ def engine_config(engine: Any) -> dict[str, Any]:
         # as vLLM applied them (vLLM's CPU platform lets VLLM_CPU_KVCACHE_SPACE override the KV size)
         "kv_cache_memory_bytes": cfg.cache_config.kv_cache_memory_bytes,
         "gpu_memory_utilization": cfg.cache_config.gpu_memory_utilization,
+        # vLLM-Omni's per-stage model-config fields its model reads (core.patches.model_config_fields)
+        "model_config_fields": model_config_fields(cfg),
     }
 
 
