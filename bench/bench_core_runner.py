@@ -13,6 +13,10 @@ Runs with ``OMP_NUM_THREADS=1`` unless set (see below), in-process engines.
    the same safetensors as plain ``LlamaForCausalLM``; engine ``stock``).
    ``omni-plain`` is our runner on that same plain ``LlamaForCausalLM`` (no
    multimodal outputs): the runner/worker/scheduler overhead alone.
+   ``omni-device`` (by default on a device other than the cpu, where it is
+   ``omni`` itself) is ``omni`` with ``make_engine(..., outputs_on_device=True)``:
+   the hidden states stay on the device (no host copy and fence per step) and
+   reach the caller as device tensors.
    All engines live in this one process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
    and run at the same time: each gets the same ``batch`` requests (distinct
    prompts, ``max_tokens``, ``ignore_eos=True``, greedy), one prefill step
@@ -36,7 +40,8 @@ Runs with ``OMP_NUM_THREADS=1`` unless set (see below), in-process engines.
 batch) listing where the runner's own time goes (this project's ``core/`` and
 ``omni_backends/`` functions), and, at the smallest and the largest batch, the functions of every package
 (vLLM's and PyTorch's too) whose own time per step differs most between ``omni`` and ``omni-plain``
-(:func:`profile_diff`); each engine is profiled once per batch (:func:`profile_report`).
+(:func:`profile_diff`; ``omni-device`` - ``omni-plain`` too when it runs); each engine is profiled once per
+batch (:func:`profile_report`).
 ``--sync-debug`` (CUDA) adds, per engine, the host-device synchronisations of
 one run of its decode steps at the largest batch, counted by where they come from (PyTorch's sync debug mode;
 a synchronisation the omni runner adds serialises the host with the device and undoes async scheduling's
@@ -326,12 +331,15 @@ def profile_report(engines: dict, batches: list[int], max_tokens: int, output_ki
     """The ``--profile`` report: each of ``omni`` / ``omni-plain`` profiled once per batch (the smallest and
     the largest, :func:`profile_stats`); its ``core/`` and ``omni_backends/`` functions at the largest batch
     (:func:`profile_omni`), then :func:`profile_diff` at each of the two batches."""
-    names = [n for n in ("omni", "omni-plain") if n in engines]
+    names = [n for n in ("omni", "omni-device", "omni-plain") if n in engines]
     sizes = sorted({min(batches), max(batches)})
     stats = {(n, b): profile_stats(engines[n], b, max_tokens, output_kind, n) for b in sizes for n in names}
     parts = [f"#### {n}\n\n" + profile_omni(stats[(n, max(sizes))]) for n in names]
-    if len(names) == 2:
-        parts += [profile_diff(stats[("omni", b)], stats[("omni-plain", b)], b, max_tokens) for b in sizes]
+    if "omni-plain" in names:
+        for n in ("omni", "omni-device"):
+            if n in names:
+                parts += [(f"{n} - omni-plain, " if n != "omni" else "") + profile_diff(
+                    stats[(n, b)], stats[("omni-plain", b)], b, max_tokens) for b in sizes]
     return "\n".join(parts)
 
 
@@ -424,8 +432,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--output-kind", default="FINAL_ONLY", choices=["FINAL_ONLY", "CUMULATIVE", "DELTA"],
                     help="RequestOutputKind of the requests (LLM.generate uses FINAL_ONLY; streaming uses the others)")
     ap.add_argument("--control", action="store_true", help="add a second stock engine (A/A control), created last")
-    ap.add_argument("--create-order", default="omni,omni-plain,stock",
-                    help="engines to build, in creation order (the creation order can bias a few %%; see RESULTS.md)")
+    ap.add_argument("--create-order", default=None,
+                    help="engines to build, in creation order (the creation order can bias a few %%; see RESULTS.md); "
+                         "default omni,omni-plain,stock, with omni-device after omni on a device other than the cpu")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--sync-debug", action="store_true",
                     help="CUDA: count the host-device synchronisations of each engine's decode steps, by where they "
@@ -438,6 +447,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="run twice in child processes, engines created in --create-order and reversed; combine")
     args = ap.parse_args(argv)
     args.device = _check_device(ap, args.device)
+    if args.create_order is None:
+        args.create_order = "omni,omni-plain,stock" if args.device == "cpu" else "omni,omni-device,omni-plain,stock"
     if args.sync_debug and args.device != "cuda":
         ap.error(f"--sync-debug counts CUDA host-device synchronisations: it needs --device cuda, not {args.device!r}")
     return args
@@ -474,6 +485,7 @@ def run(args: argparse.Namespace) -> dict:
     kw = engine_kw(args, thinker, batches)
     makers = {
         "omni": lambda: make_engine(thinker, device=args.device, **kw),
+        "omni-device": lambda: make_engine(thinker, device=args.device, outputs_on_device=True, **kw),
         "omni-plain": lambda: make_engine(stock_dir, device=args.device, **kw),
         "stock": lambda: LLM(stock_dir, **kw),
         "stock-2": lambda: LLM(stock_dir, **kw),  # a second stock engine: an A/A control

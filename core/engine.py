@@ -310,3 +310,20 @@ def attach_omni_frontend(llm: Any, kind: str = AR) -> Any:
     omni_output_processor(op, OmniOutputProcessor, omni_kind=kind, omni_validate_payload=_payload_validator(engine))
     decode_as(engine.engine_core, OmniEngineCoreOutputs)  # a multiprocess client: decode our output type
     return llm
+
+
+def keep_outputs_on_device(llm: Any) -> None:
+    """Have the in-process worker of ``llm`` (a ``vllm.LLM`` whose engine core and uni-process executor run in
+    this process: vLLM's ``InprocClient`` and ``UniProcExecutor``) keep each step's multimodal outputs on its
+    device (the worker's ``omni_outputs_on_device``, :mod:`core.hooks.step_rows`): the step's rows then reach
+    this process's front end and ``RequestOutput.multimodal_outputs`` as device tensors, with no host copy and
+    no fence per step. Raises ``RuntimeError`` when the worker is not in this process (its outputs would have
+    to cross a process boundary)."""
+    engine = getattr(llm, "llm_engine", llm)
+    core = getattr(getattr(engine, "engine_core", None), "engine_core", None)  # InprocClient: the EngineCore
+    wrapper = getattr(getattr(core, "model_executor", None), "driver_worker", None)  # UniProcExecutor's
+    worker = getattr(wrapper, "worker", None)
+    if not callable(getattr(worker, "omni_outputs_on_device", None)):
+        raise RuntimeError("outputs on the device need the engine's one omni worker in this process (an in-process "
+                           "vllm.LLM with VLLM_ENABLE_V1_MULTIPROCESSING=0 and one worker); this engine's is not")
+    worker.omni_outputs_on_device(True)

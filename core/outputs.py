@@ -391,8 +391,9 @@ class StepLog:
 
 
 def _gather(runs: list[tuple[tuple[torch.Tensor, int], int, int]]) -> torch.Tensor:
-    """Rows ``off + s : off + e`` of each run's slab, concatenated: a view for one run, one ``index_select``
-    per slab otherwise."""
+    """Rows ``off + s : off + e`` of each run's slab, concatenated: a view for one run; otherwise one
+    ``index_select`` per host slab, and for a device slab (:class:`DeviceSlabs`) its runs' views concatenated on
+    the device (no index built on the host and copied over: that copy would wait for the device)."""
     if len(runs) == 1:
         (slab, off), s, e = runs[0]
         return slab[off + s : off + e]
@@ -400,6 +401,12 @@ def _gather(runs: list[tuple[tuple[torch.Tensor, int], int, int]]) -> torch.Tens
     i = 0
     while i < len(runs):
         slab = runs[i][0][0]
+        if not slab.is_cpu:
+            while i < len(runs) and runs[i][0][0] is slab:
+                (_, off), s, e = runs[i]
+                out.append(slab[off + s : off + e])
+                i += 1
+            continue
         rows: list[int] = []
         while i < len(runs) and runs[i][0][0] is slab:
             (_, off), s, e = runs[i]
@@ -473,3 +480,17 @@ class HostSlabs:
     def _new_slab(self, t: torch.Tensor, rows: int) -> torch.Tensor:
         return torch.empty((rows, *t.shape[1:]), dtype=t.dtype, pin_memory=self.pin)
 
+
+class DeviceSlabs(HostSlabs):
+    """:class:`HostSlabs` on the device of the tensors copied in (one open slab per trailing shape, dtype and
+    device): a step's rows kept where the forward made them, for a caller in the same process
+    (:class:`~core.hooks.step_rows.StepRowsCollector`'s ``outputs_on_device``). The copy is a device-to-device
+    copy on the current stream: a later read on that stream needs no fence."""
+
+    __slots__ = ()
+
+    def _key(self, t: torch.Tensor) -> tuple:
+        return t.shape[1:], t.dtype, t.device
+
+    def _new_slab(self, t: torch.Tensor, rows: int) -> torch.Tensor:
+        return t.new_empty((rows, *t.shape[1:]))

@@ -86,6 +86,21 @@ def check_engine_args(engine_kwargs: dict[str, Any]) -> None:
             raise ValueError(f"make_engine: {name} must be {rng} ({what}), got {value}")
 
 
+def check_in_process(engine_kwargs: dict[str, Any], environ: Any) -> None:
+    """Refuse, with a ``ValueError`` saying what to set, an engine whose worker would not run in the caller's
+    process (what ``make_engine(..., outputs_on_device=True)`` needs): the engine core in its own process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING`` not ``0``, vLLM's default) or more than one worker. Imports nothing."""
+    why = []
+    if str(environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1")).strip() != "0":
+        why.append("set VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine core then runs in this process)")
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if (engine_kwargs.get(name) or 1) != 1:
+            why.append(f"{name} must be 1 (one worker), got {engine_kwargs[name]}")
+    if why:
+        raise ValueError("make_engine: outputs_on_device=True keeps each step's outputs on the device for a caller "
+                         "in the worker's own process: " + "; ".join(why))
+
+
 #: graph modes an engine can be asked for (``compilation_config.cudagraph_mode``, ``--graph-mode``): vLLM's
 #: ``CUDAGraphMode`` names
 GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
@@ -188,8 +203,15 @@ def _checked_build(model: str, kind: str, device: str | None, engine_kwargs: dic
         yield sel
 
 
-def make_engine(model: str, *, kind: str = AR, device: str | None = None, **engine_kwargs: Any) -> Any:
+def make_engine(model: str, *, kind: str = AR, device: str | None = None, outputs_on_device: bool = False,
+                **engine_kwargs: Any) -> Any:
     """A ``vllm.LLM`` for ``model`` whose workers run the omni runner of ``kind``.
+
+    ``outputs_on_device``: each step's per-token multimodal outputs stay on the device the forward made them on
+    (no host copy and no fence per step, :mod:`core.hooks.step_rows`), and ``RequestOutput.multimodal_outputs``
+    holds device tensors, for a caller that reads them in this process on that device. It needs the engine core
+    and its one worker in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``tensor_parallel_size`` and
+    ``pipeline_parallel_size`` 1): otherwise ``ValueError`` before vLLM starts.
 
     ``engine_kwargs`` go to ``vllm.LLM`` (e.g. ``dtype``, ``max_model_len``,
     ``enforce_eager``, ``tensor_parallel_size``). Request outputs carry
@@ -203,14 +225,19 @@ def make_engine(model: str, *, kind: str = AR, device: str | None = None, **engi
     the driver cannot run is :class:`~omni_backends.errors.BadInputError` before
     vLLM starts (:func:`check_engine_choices`).
     """
+    if outputs_on_device:
+        check_in_process(engine_kwargs, os.environ)
     with _checked_build(model, kind, device, engine_kwargs):
         from vllm.entrypoints.llm import LLM
 
-        from core.engine import attach_omni_frontend
+        from core.engine import attach_omni_frontend, keep_outputs_on_device
 
         llm = LLM(model, worker_cls=WORKER_CLS[kind], scheduler_cls=SCHEDULER_CLS, **engine_kwargs)
         try:
-            return attach_omni_frontend(llm, kind)
+            attach_omni_frontend(llm, kind)
+            if outputs_on_device:
+                keep_outputs_on_device(llm)
+            return llm
         except BaseException:  # never leave a started engine (and its process) behind
             llm.llm_engine.engine_core.shutdown()
             raise

@@ -47,6 +47,14 @@ class OmniWorkerMixin:
         replace_model_runner(self, runner_cls)  # the patch core.patches.worker_runner
         apply_model_config_fields(self.vllm_config)  # the patch core.patches.model_config_fields
 
+    def omni_outputs_on_device(self, on: bool = True) -> None:
+        """Keep each step's multimodal outputs on this worker's device (``on``) or copy them to the host (the
+        default): :attr:`core.hooks.step_rows.StepRowsCollector.outputs_on_device`. Only for a caller in this
+        process (:func:`core.engine.keep_outputs_on_device` checks that)."""
+        hooks = getattr(self.model_runner, "omni_hooks", None)
+        if hooks is not None:
+            hooks.rows.outputs_on_device = bool(on)
+
     def omni_state(self) -> dict[str, Any]:
         """What this rank's omni runner holds (``llm.collective_rpc("omni_state")``):
         driver, runner class, live payload request ids, talker-MTP calls per request."""
@@ -73,6 +81,7 @@ class OmniWorkerMixin:
                 {r: {k: v.device.type for k, v in hooks.payloads.get(r).items() if hasattr(v, "device")}
                  for r in hooks.payloads.request_ids()} if hooks else None
             ),
+            "outputs_on_device": hooks.rows.outputs_on_device if hooks else None,
             "mtp_calls": dict(hooks.mtp_calls) if hooks else None,
             "mtp_calls_finished": dict(hooks.mtp_calls_finished) if hooks else None,
             "mtp_mode": hooks.mtp_mode if hooks else None,

@@ -7,9 +7,15 @@ step (one copy per name, into a few large slabs) and fences the copies still in 
 into the project per tensor; :meth:`StepRowsCollector.runner_output` hands the step to vLLM's
 ``ModelRunnerOutput``. :class:`~core.hooks.OmniHooks` owns one per runner.
 
-The rows go into host slabs, non-blocking into page-locked ones where the driver's copies are stream-ordered
-(``Capabilities.d2h_stream_ordered`` and ``pinned_memory``) and fenced by an event (``Backend.new_event``;
-``Backend.synchronize`` where the driver declares no events).
+Where the rows go: into host slabs, non-blocking into page-locked ones where the driver's copies are
+stream-ordered (``Capabilities.d2h_stream_ordered`` and ``pinned_memory``) and fenced by an event
+(``Backend.new_event``; ``Backend.synchronize`` where the driver declares no events); or, with
+:attr:`StepRowsCollector.outputs_on_device` (asked for by the caller of an in-process engine,
+``core.stage.make_engine(..., outputs_on_device=True)``, through the worker's ``omni_outputs_on_device``), into
+slabs on the forward's own device (:class:`~core.outputs.DeviceSlabs`): a device-to-device copy on the current
+stream, no host copy and no fence per step. The rows then stay on the device until the caller reads them
+(``RequestOutput.multimodal_outputs`` holds device tensors) -- device memory outside vLLM's budget, held as
+host rows are: until every request with rows in a slab has read them.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from core.outputs import HostSlabs, OmniModelRunnerOutput, StepOutputs, StepRows
+from core.outputs import DeviceSlabs, HostSlabs, OmniModelRunnerOutput, StepOutputs, StepRows
 
 #: events a :class:`StepRowsCollector` records its steps' device-to-host copies with, in turn (:meth:`record_fence`)
 FENCE_EVENTS = 4
@@ -44,8 +50,11 @@ class StepRowsCollector:
         #: req_id -> number of token positions whose outputs were already emitted
         self.emitted: dict[str, int] = {}
         self.step = StepOutputs()
+        #: rows stay on the forward's device (the caller reads them in this process); set by the front end
+        self.outputs_on_device = False
         self._slabs = HostSlabs()
         self._pinned: HostSlabs | None = None
+        self._device_slabs: DeviceSlabs | None = None
         #: device outputs go non-blocking into page-locked slabs (the driver's capabilities, read once)
         self._d2h_pinned: bool | None = None
         #: the fences, reused in turn (:meth:`record_fence`): ``None`` until the first, ``[]`` without events
@@ -56,8 +65,8 @@ class StepRowsCollector:
     def collect(self, mm: dict[str, Any], req_ids: list[str], query_start_loc: Any, num_computed: Any) -> None:
         """This step's outputs ``mm`` for the batch ``req_ids`` (``query_start_loc`` int ``[n + 1]`` token
         offsets, ``num_computed`` int ``[n]`` positions computed before the step; numpy arrays or int lists)
-        into the step's rows: one copy per token-aligned tensor for the whole step (into a host slab), fenced
-        where a copy is in flight; per-request values
+        into the step's rows: one placement per token-aligned tensor for the whole step (a host slab, or a
+        device slab with :attr:`outputs_on_device`), fenced where a copy is in flight; per-request values
         copied to the host as they are (``Backend.to_host``). Nothing is cut per request: the front end
         slices a request's rows when it reads them."""
         n = len(req_ids)
@@ -93,6 +102,12 @@ class StepRowsCollector:
             t = value[:num_tokens] if rows != num_tokens else value
             if t.is_cpu:
                 tensors[key] = self._slabs.copy(t)
+                return False
+            if self.outputs_on_device:
+                slabs = self._device_slabs
+                if slabs is None:
+                    slabs = self._device_slabs = DeviceSlabs()
+                tensors[key] = slabs.copy(t)  # stream-ordered on the forward's device: nothing to fence
                 return False
             pinned_ok = self._d2h_pinned
             if pinned_ok is None:  # static per driver: read once, not per step

@@ -136,3 +136,118 @@ def test_v1_the_thinkers_step_reaches_its_rows_in_one_collector_call(demo_dir, t
         release_engine(llm, "thinker")
     assert [o.multimodal_outputs["hidden"].shape[0] for o in outs] == [3 + 4, 2 + 4]
     assert calls == {"collect": 5}  # the prefill step and 4 decode steps
+
+
+# ------------------------------------------------------------------ rows kept on the device
+class _CountingBackend:
+    """The cpu driver, counting host copies and events (page-locked memory declared absent: ``to_host``)."""
+
+    def __init__(self, cpu_backend):
+        import dataclasses as dc
+
+        self.inner, self.to_host_calls, self.events = cpu_backend, 0, 0
+        self.caps = dc.replace(cpu_backend.capabilities(), events=True, pinned_memory=False)
+
+    def capabilities(self):
+        return self.caps
+
+    def to_host(self, t):
+        self.to_host_calls += 1
+        return torch.zeros(t.shape, dtype=t.dtype)
+
+    def new_event(self, enable_timing=False):
+        self.events += 1
+        return self.inner.new_event()
+
+
+def test_outputs_on_device_stay_on_the_forwards_device_with_no_host_copy_nor_fence(cpu_backend):
+    """``outputs_on_device``: a device tensor's rows go into a slab on its own device (``meta`` stands for an
+    accelerator here: the same code path, no data), no ``to_host``, no event; by default they are copied to the
+    host."""
+    from core.outputs import DeviceSlabs
+
+    backend = _CountingBackend(cpu_backend)
+    rows = StepRowsCollector(backend)
+    per_token = torch.empty(6, 4, device="meta")
+    rows.collect({"hidden": per_token}, ["a"], [0, 5], [0])
+    (block,) = rows.take().rows()
+    assert block.tensors["hidden"].device.type == "cpu" and backend.to_host_calls == 1  # the default: to the host
+    rows.outputs_on_device = True
+    for step in range(2):
+        rows.collect({"hidden": per_token}, ["a"], [0, 1], [5 + step])
+        (block,) = rows.take().rows()
+        kept = block.tensors["hidden"]
+        assert kept.device.type == "meta" and kept.shape == (1, 4)
+        slab, at = kept._omni_slab  # rows of one device slab, as the front end's log reads them
+        assert slab.device.type == "meta" and at == step and isinstance(rows._device_slabs, DeviceSlabs)
+    assert backend.to_host_calls == 1 and backend.events == 0
+
+
+def test_the_front_ends_log_gathers_device_rows_on_the_device_with_no_host_index(monkeypatch):
+    """A request's rows over several steps of a device slab are concatenated on the device from views of the
+    slab: no ``index_select`` with an index built on the host (copying it over waits for the device; an
+    accelerator refuses a host index). Host slabs keep their one ``index_select``."""
+    from core.outputs import DeviceSlabs, HostSlabs, StepLog, StepRows
+
+    selects = []
+    inner = torch.Tensor.index_select
+
+    def index_select(self, dim, index):
+        selects.append((self.device.type, index.device.type))
+        return inner(self, dim, index)
+
+    monkeypatch.setattr(torch.Tensor, "index_select", index_select)
+    for slabs, source, want in ((DeviceSlabs(rows=16), torch.empty(2, 4, device="meta"), []),
+                                (HostSlabs(rows=16), torch.arange(8.0).reshape(2, 4), [("cpu", "cpu")])):
+        log, selects[:] = StepLog(), []
+        for step in range(3):
+            log.extend([StepRows(["a", "b"], [0, 1], [1, 2], {"hidden": slabs.copy(source)})])
+        (got,) = log.steps("b", 0)
+        assert got["hidden"].shape == (3, 4) and got["hidden"].device == source.device
+        assert selects == want
+        if source.is_cpu:
+            assert torch.equal(got["hidden"], source[1:].repeat(3, 1))
+
+
+def test_outputs_on_device_needs_the_worker_in_this_process(demo_dir, monkeypatch):
+    """Refused before vLLM starts, saying what to set: an engine core in its own process (vLLM's default) or
+    more than one worker."""
+    from core.stage import make_engine
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    with pytest.raises(ValueError, match="VLLM_ENABLE_V1_MULTIPROCESSING=0"):
+        make_engine(os.path.join(demo_dir, "thinker"), device="cpu", outputs_on_device=True)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    with pytest.raises(ValueError, match="tensor_parallel_size must be 1"):
+        make_engine(os.path.join(demo_dir, "thinker"), device="cpu", outputs_on_device=True, tensor_parallel_size=2)
+
+
+@pytest.mark.engine_tier
+def test_an_in_process_engine_keeps_its_outputs_on_the_device_when_asked(demo_dir, test_device, monkeypatch):
+    """``make_engine(..., outputs_on_device=True)``: the worker is told (``omni_state``), and the outputs are the
+    default engine's, on the engine's device."""
+    from tests.core.conftest import _need_vllm
+
+    _need_vllm(test_device)
+    from vllm import SamplingParams
+
+    from core.pipeline.release import release_engine
+    from core.stage import make_engine
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0, detokenize=False)
+    prompts = [{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [8, 9]}]
+    got = {}
+    for on in (False, True):
+        llm = make_engine(os.path.join(demo_dir, "thinker"), device=test_device, dtype="float32",
+                          enforce_eager=True, max_model_len=64, max_num_seqs=2, seed=0, outputs_on_device=on)
+        try:
+            assert llm.collective_rpc("omni_state")[0]["outputs_on_device"] is on
+            got[on] = [o.multimodal_outputs["hidden"] for o in llm.generate(prompts, params, use_tqdm=False)]
+        finally:
+            release_engine(llm, "thinker")
+    assert all(h.device.type == "cpu" for h in got[False])
+    assert all(h.device.type == torch.device(test_device).type for h in got[True])
+    for a, b in zip(got[False], got[True]):
+        assert torch.equal(a, b.cpu())
