@@ -64,7 +64,7 @@ def run_pipeline(cfg: RunConfig, progress: Callable[[str], None] | None = None) 
     req = spec.request_of_run(cfg)
     sel = select(cfg.device)  # cheap: no vendor stack imported yet
     say(f"device: {sel.name} ({sel.rule}): {sel.reason}")
-    gcfg = prepare_environment(GraphConfig.of_run(cfg), sel.backend)  # device defaults, engine choices, vLLM env
+    gcfg = prepare_environment(GraphConfig.of_run(cfg), sel.backend, spec)  # device defaults, engine choices, vLLM env
     cfg = dataclasses.replace(cfg, multiprocess=gcfg.multiprocess, enforce_eager=gcfg.enforce_eager)
     with blame_import_failures():
         model = spec.load(gcfg, sel.backend, say)

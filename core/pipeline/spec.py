@@ -86,7 +86,10 @@ class StageSpec:
     - ``output(model, state, out)``: reads a ``RequestOutput``: for a stage handing over in full, its final
       output -> what the next stage's ``inputs`` gets; for a stage streaming frames, each delta -> the new
       frames, int64 ``[k, Q]`` (``k`` may be 0); for the last stage, its final output -> the waveform, float32
-      ``[n]``. ``state``: a namespace kept per stage request (e.g. rows seen so far).
+      ``[n]``. ``state``: a namespace kept per stage request (e.g. rows seen so far);
+    - ``kv_cache``: False for a model without attention layers, hence without a KV cache (vLLM-Omni's
+      ``Qwen3TTSCode2Wav``): vLLM's V2 runner runs one from vLLM 0.32 on, so on an older vLLM the pipeline's
+      engines run on V1 (``core.pipeline.graph.engines.prepare_environment``).
     """
 
     name: str
@@ -95,6 +98,7 @@ class StageSpec:
     inputs: Callable[[Any, Any, Any], tuple[Any, Any]]
     output: Callable[[Any, Any, Any], Any]
     hand_over: str = FULL
+    kv_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -133,7 +133,7 @@ QWEN3_TTS = PipelineSpec(
     stages=(
         StageSpec("talker", AR, _engine_args("talker"), talker_inputs, talker_output),
         StageSpec("code2wav", GENERATION, _engine_args("code2wav"), code2wav_inputs, code2wav_output,
-                  hand_over=CHUNKED),
+                  hand_over=CHUNKED, kv_cache=False),  # Qwen3TTSCode2Wav: no attention layer
     ),
     load=load, check=check, request_of_run=request_of_run,
     speech_api="vllm-omni-tts",

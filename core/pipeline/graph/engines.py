@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import time
 from typing import Any, Callable
@@ -16,19 +17,41 @@ from core.pipeline.config import GraphConfig, device_defaults, engine_kw
 from core.pipeline.faults import failure_cause
 from omni_backends.errors import BadInputError, StageFailedError
 
+log = logging.getLogger(__name__)
 
-def prepare_environment(cfg: GraphConfig, backend: Any) -> GraphConfig:
+
+def prepare_environment(cfg: GraphConfig, backend: Any, spec: Any = None) -> GraphConfig:
     """``cfg`` with the device's defaults (:func:`device_defaults`), its engine choices checked
     (:func:`core.stage.check_engine_choices`) and vLLM's variables set for the engines to come:
     ``VLLM_USE_V2_MODEL_RUNNER`` (``--runner``), ``VLLM_ENABLE_V1_MULTIPROCESSING`` (``--multiprocess``: with
     ``AsyncLLM`` every stage's engine core runs in its own process whatever it says; the variable decides
     whether that engine core runs its worker in another process, vLLM's ``mp`` executor, e.g. on the cpu
-    driver, or in itself, the ``uni`` executor). Raises :class:`BadInputError`; imports no vLLM."""
+    driver, or in itself, the ``uni`` executor).
+
+    ``spec``: the pipeline (a ``PipelineSpec``). One with a stage whose model has no KV cache
+    (``StageSpec.kv_cache`` False) on a driver offering V2 and a vLLM whose V2 runner cannot run such a model
+    (:func:`core.runner.v2.v2_runs_models_without_kv_cache`, vLLM before 0.32): the runner left to vLLM
+    (``auto``) becomes V1 for every stage (``cfg.runner`` says so; one engine process reads the variable, so the
+    stages share it), and ``--runner v2`` is refused. Raises :class:`BadInputError`; imports vLLM only for that
+    check."""
     from core.stage import check_engine_choices
 
     given = cfg.multiprocess is not None
     cfg = device_defaults(cfg, backend)
     runner = check_engine_choices(cfg, backend)
+    kv_free = [s.name for s in getattr(spec, "stages", ()) if not s.kv_cache]
+    if kv_free and runner in ("auto", "v2") and backend.capabilities().v2_runner:
+        from core.runner.v2 import v2_runs_models_without_kv_cache
+
+        if not v2_runs_models_without_kv_cache():
+            why = (f"the {', '.join(kv_free)} stage's model has no KV cache (no attention layer), which this vLLM's V2 "
+                   f"model runner cannot run (vLLM 0.32+ can)")
+            if runner == "v2":
+                raise BadInputError(f"V2 model runner ({_runner_source(cfg)}): {why}; use --runner v1 (or leave "
+                                    f"--runner to vLLM: the {spec.name} pipeline then runs on V1) or a newer vLLM")
+            runner = "v1"
+            cfg = dataclasses.replace(cfg, runner="v1")
+            log.info("model runner: V1 for every stage: %s", why)
     if runner != "auto":
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "v2" else "0"
     if given:
@@ -36,6 +59,12 @@ def prepare_environment(cfg: GraphConfig, backend: Any) -> GraphConfig:
     else:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if cfg.multiprocess else "0")
     return cfg
+
+
+def _runner_source(cfg: GraphConfig) -> str:
+    """What asked for the runner: ``--runner v2`` or the variable."""
+    return f"--runner {cfg.runner}" if cfg.runner != "auto" else \
+        f"VLLM_USE_V2_MODEL_RUNNER={os.environ.get('VLLM_USE_V2_MODEL_RUNNER')}"
 
 
 def _stage_memory(backend: Any, stage_args: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -155,7 +184,7 @@ async def start_engines(cfg: GraphConfig, backend: Any = None, say: Callable[[st
         from omni_backends.registry import select
 
         backend = select(cfg.device).backend
-    cfg = prepare_environment(cfg, backend)
+    cfg = prepare_environment(cfg, backend, spec)
     with blame_import_failures():
         model = spec.load(cfg, backend, say)
         if cfg.model is None:
