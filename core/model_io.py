@@ -134,6 +134,10 @@ class ModelOutputAdapter:
         self._signature: tuple[bool, bool] | None = None
         self._model = model
         self._embeds_for_ids: Callable[[torch.Tensor], torch.Tensor] | None = None
+        #: vLLM-Omni's ``get_dummy_runtime_additional_information(num_reqs)``: the per-request state a model
+        #: that keeps request state needs in a call without any (vLLM's dummy runs), else ``None``
+        dummy = getattr(model, DUMMY_REQUEST_STATE_HOOK, None)
+        self._dummy_request_state: Callable[[int], Any] | None = dummy if callable(dummy) else None
         previous = getattr(model.__dict__.get("forward"), ADAPTER_ATTR, None)
         if previous is not None:  # one adapter per model
             previous.remove()
@@ -152,6 +156,8 @@ class ModelOutputAdapter:
         def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
             if self._embeds_for_ids is not None:
                 kwargs = self._with_embeds(args, kwargs)
+            if self._dummy_request_state is not None and not any(k in kwargs for k in REQUEST_STATE_KWARGS):
+                kwargs = self._with_dummy_request_state(kwargs)
             own = type(model).forward(model, *args, **kwargs) if saved is None else saved(*args, **kwargs)
             return on_output(args, kwargs, own)
 
@@ -180,6 +186,14 @@ class ModelOutputAdapter:
         changed (vLLM calls the model with keywords). Done in the wrapped
         ``forward`` (no pre-hook)."""
         self._embeds_for_ids = embeds_for_ids
+
+    def _with_dummy_request_state(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A call that carries no per-request state (vLLM's ``_dummy_run``: profile, warm-up, graph capture; a
+        real step always passes it, ``OmniHooks.build_extra_kwargs``) gets the model's own dummy state for its
+        one request (``runtime_additional_information=model.get_dummy_runtime_additional_information(1)``, as
+        vLLM-Omni's ``GPUGenerationModelRunner._dummy_run`` passes it): a model that keeps per-request state (Qwen3-TTS code2wav under ``async_chunk``) then
+        knows the call is a dummy one, where it would otherwise refuse a request without an id."""
+        return dict(kwargs, runtime_additional_information=self._dummy_request_state(1))  # type: ignore[misc]
 
     def _with_embeds(self, args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
         ids = kwargs.get("input_ids")
@@ -309,6 +323,15 @@ class ModelCallSignatureError(RuntimeError):
             "together; a model that needs embeddings on some steps takes them on every step (a preprocess hook)")
 
 
+#: vLLM-Omni's per-request forward kwargs (Python objects: a FULL graph would freeze the capture batch's)
+PER_REQUEST_KWARGS = ("model_intermediate_buffer", "runtime_additional_information", "request_token_spans",
+                      "seq_token_counts", "request_ids")
+#: the per-request state kwargs (one of them in a call: a real step's, ``OmniHooks.build_extra_kwargs``)
+REQUEST_STATE_KWARGS = ("model_intermediate_buffer", "runtime_additional_information")
+#: vLLM-Omni's model hook giving the per-request state of a dummy run (``num_reqs`` -> a list of state dicts)
+DUMMY_REQUEST_STATE_HOOK = "get_dummy_runtime_additional_information"
+
+
 def _num_tokens(args: Any, kwargs: dict[str, Any]) -> tuple[int, torch.device]:
     """Tokens of a model call and the device its inputs are on: ``inputs_embeds`` /
     ``input_ids`` rows, else ``positions``' last dim (``[num_tokens]`` or M-RoPE's
@@ -354,9 +377,6 @@ def prompt_embeds_without_embeds_path(model: Any) -> ValueError:
         "every step) or start its engine with enable_prompt_embeds=True")
 
 
-#: vLLM-Omni's per-request forward kwargs (Python objects: a FULL graph would freeze the capture batch's)
-PER_REQUEST_KWARGS = ("model_intermediate_buffer", "runtime_additional_information", "request_token_spans",
-                      "seq_token_counts", "request_ids")
 
 
 def takes_per_request_kwargs(model: Any) -> bool:

@@ -63,6 +63,19 @@ def unpack(packed: dict[str, Any] | None) -> dict[str, Any]:
     return {k: _unpack_value(v) for k, v in (packed or {}).items()}
 
 
+def with_state_key(params: Any, key: str) -> Any:
+    """``params`` (a ``SamplingParams``) whose request names ``key`` as the id its model keeps its state under
+    (``meta.request_id`` of its payload, vLLM-Omni's ``MetaStruct.request_id``; read on the worker by
+    ``core.hooks.omni_hooks.state_key``), merged into the payload it already carries. Returns ``params``."""
+    extra = dict(params.extra_args or {})
+    payload = unpack(extra.get(EXTRA_ARGS_KEY))
+    meta = payload.get("meta")
+    payload["meta"] = {**(meta if isinstance(meta, dict) else {}), "request_id": str(key)}
+    extra[EXTRA_ARGS_KEY] = pack(payload)
+    params.extra_args = extra
+    return params
+
+
 class PayloadStore:
     """req_id -> per-request state, merged per category (vLLM-Omni's
     ``model_intermediate_buffer``).

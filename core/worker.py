@@ -55,6 +55,14 @@ class OmniWorkerMixin:
         if hooks is not None:
             hooks.rows.outputs_on_device = bool(on)
 
+    def omni_release_request_state(self, keys: list[str]) -> int:
+        """Tell this rank's model that the requests keyed ``keys`` ended (``OmniHooks.release_request_state``:
+        the model's ``on_requests_finished``), e.g. the utterance whose code2wav chunk requests kept decoder
+        state (``llm.collective_rpc("omni_release_request_state", args=(keys,))``); returns how many keys it
+        was told."""
+        hooks = getattr(self.model_runner, "omni_hooks", None)
+        return hooks.release_request_state(keys) if hooks is not None else 0
+
     def omni_state(self) -> dict[str, Any]:
         """What this rank's omni runner holds (``llm.collective_rpc("omni_state")``):
         driver, runner class, live payload request ids, talker-MTP calls per request."""

@@ -33,6 +33,8 @@ model attribute                    meaning (vLLM-Omni semantics)
 ``compute_logits(h, sampling_metadata=)``  called by vLLM; a generation model may return
                                    ``None`` (the core then samples from zero logits)
 ``on_requests_finished(ids)``      told which requests finished or were aborted
+``get_dummy_runtime_additional_information(n)``  the per-request state of a dummy run's
+                                   ``n`` requests (vLLM's profile / warm-up / capture runs)
 ``set_batch_req_ids(ids)``         told the batch's request order before ``compute_logits``
 ``postprocess_uses_hidden_states`` / ``_multimodal_outputs`` / ``_req_infos``: what
                                    ``postprocess`` receives (default all)
@@ -126,6 +128,7 @@ class ModelContract:
     mtp_hidden_size: int | None = None
     on_requests_finished: Callable[..., Any] | None = None
     set_batch_req_ids: Callable[..., Any] | None = None
+    dummy_request_state: Callable[..., Any] | None = None
     forward_params: frozenset | None = None  # None: the forward takes **kwargs
 
     def forward_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -177,6 +180,11 @@ def read_contract(model: Any) -> ModelContract:
         if callable(getattr(model, hook, None)):
             _check(model, hook, positional=pos)
             c[hook] = getattr(model, hook)
+    from core.model_io import DUMMY_REQUEST_STATE_HOOK
+
+    if callable(getattr(model, DUMMY_REQUEST_STATE_HOOK, None)):
+        _check(model, DUMMY_REQUEST_STATE_HOOK, positional=1)
+        c["dummy_request_state"] = getattr(model, DUMMY_REQUEST_STATE_HOOK)
     forward = getattr(model, "forward", None)
     if forward is not None:
         params, var_kw = _params(forward)

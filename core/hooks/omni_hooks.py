@@ -45,6 +45,17 @@ MTP_SEED_KEY = "tts_local_seed"
 FINISHED_MTP_RECORD = 256
 
 
+def state_key(info: Any, req_id: str) -> str:
+    """The id a model keeps a request's state under: the ``meta.request_id`` its state names (vLLM-Omni's
+    ``MetaStruct.request_id``: the utterance a code2wav chunk request belongs to, the same for all its chunks),
+    else the request's own id."""
+    meta = info.get("meta") if isinstance(info, dict) else None
+    key = meta.get("request_id") if isinstance(meta, dict) else None
+    if isinstance(key, (list, tuple)):
+        key = key[0] if key else None
+    return req_id if key is None else str(key)
+
+
 class MtpRow(NamedTuple):
     """One decode row the talker MTP runs on this step (what ``preprocess`` returned for it): the request,
     the row's offset in the batch's flattened tokens, and the MTP's inputs -- the row's ``input_ids`` and
@@ -322,12 +333,18 @@ class OmniHooks:
         ``model_intermediate_buffer`` and ``runtime_additional_information`` (the
         same list of per-request state dicts, batch order, with ``generated_len``),
         ``request_token_spans`` (``(start, end)`` per request); generation kind:
-        ``seq_token_counts``, ``request_ids``; plus ``runner_kwargs`` (the AR
-        runner passes ``sampling_metadata`` and ``sampler``)."""
+        ``seq_token_counts``, ``request_ids`` (each request's :func:`state_key`); plus ``runner_kwargs`` (the AR
+        runner passes ``sampling_metadata`` and ``sampler``). A dummy batch's state is the model's
+        ``get_dummy_runtime_additional_information(n)`` where it declares one, else empty dicts."""
         if not self.passes_request_state:  # the forward takes none of them: build nothing per request
             return self.contract.forward_kwargs(dict(runner_kwargs))
-        # a dummy batch's ids are never removed: fresh dicts, or every profile / warm-up run would leave entries
-        infos = [{} for _ in batch.req_ids] if batch.dummy else self.payloads.entries(batch.req_ids)
+        # a dummy batch's ids are never removed: fresh dicts (the model's own dummy state where it declares one),
+        # or every profile / warm-up run would leave entries
+        if batch.dummy:
+            dummy = self.contract.dummy_request_state
+            infos = list(dummy(len(batch.req_ids))) if dummy is not None else [{} for _ in batch.req_ids]
+        else:
+            infos = self.payloads.entries(batch.req_ids)
         if batch.num_output is not None:
             for info, n in zip(infos, batch.num_output.tolist()):
                 info["generated_len"] = n
@@ -336,9 +353,19 @@ class OmniHooks:
                                   "request_token_spans": spans}
         if self.kind == GENERATION:
             kwargs["seq_token_counts"] = [e - s for s, e in spans]
-            kwargs["request_ids"] = list(batch.req_ids)
+            kwargs["request_ids"] = [state_key(info, r) for info, r in zip(infos, batch.req_ids)]
         kwargs.update(runner_kwargs)
         return self.contract.forward_kwargs(kwargs)
+
+    def release_request_state(self, keys: Iterable[str]) -> int:
+        """Tell the model that the requests keyed ``keys`` (:func:`state_key`: e.g. the utterance a stage's chunk
+        requests belong to) ended, through its ``on_requests_finished``; returns how many keys it was told (0
+        for a model without the hook)."""
+        keys = {str(k) for k in keys}
+        if not keys or self.contract.on_requests_finished is None:
+            return 0
+        self.contract.on_requests_finished(keys)
+        return len(keys)
 
     # --------------------------------------------------- process_model_output
     def normalize_output(self, output: Any, model_kwargs: dict[str, Any] | None = None) -> Any:

@@ -113,7 +113,13 @@ class PipelineModel:
     """What a declaration read from disk before any engine starts (``PipelineSpec.load``): the model folder,
     the audio's sample rate (Hz) and samples per codec frame, the voice names a request may name, the chunk
     window of the audio stage, and ``info``: the declaration's own facts (configs, tokenizer, checkpoint, deploy
-    defaults), read by its stage functions."""
+    defaults), read by its stage functions.
+
+    ``audio_request_state``: the audio stage's model keeps each request's state across its chunk requests
+    (vLLM-Omni's ``async_chunk``: e.g. Qwen3-TTS code2wav's incremental decoder state): every chunk request then
+    names the graph's request as its state key (its payload's ``meta.request_id``, vLLM-Omni's field), the
+    window carries no left context (the model holds it), and the graph releases the state when the request ends
+    (the worker's ``omni_release_request_state``), finished or not."""
 
     model_dir: str
     sample_rate: int
@@ -121,6 +127,7 @@ class PipelineModel:
     voices: list[str]
     window: ChunkWindow
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    audio_request_state: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

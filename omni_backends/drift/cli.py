@@ -8,6 +8,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import json
+import sys
 from typing import Any
 
 from omni_backends.binding import Patch, SeamContract
@@ -75,9 +76,10 @@ def installed_sources(tops: set[str]) -> SourceResolver:
     for top in sorted(tops):
         try:
             spec = importlib.util.find_spec(top)
-        except (ImportError, ValueError):
+        except (ImportError, ValueError):  # ValueError: loaded without a spec (e.g. the core's bare vllm_omni)
             spec = None
-        locations = list(spec.submodule_search_locations or []) if spec else []
+        locations = list(spec.submodule_search_locations or []) if spec else \
+            list(getattr(sys.modules.get(top), "__path__", None) or [])
         if locations:
             trees.append(SourceTree(locations[0]))
     return SourceResolver(trees)

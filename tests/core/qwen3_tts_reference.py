@@ -146,16 +146,20 @@ def reference_talker(model: Any, backbone: Any, prompt: dict, sp: Any, req_id: s
 
 
 def direct_waveforms(model: Any, frames: list) -> list:
-    """Code2wav's forward called directly, one request at a time, on the model's device (TF32 off); waveforms
-    float32 on the CPU."""
+    """Code2wav's forward called directly, one request at a time, each the whole utterance in one request, on the
+    model's device (TF32 off); waveforms float32 on the CPU. Each call names its request and that it is finished
+    (vLLM-Omni's ``meta``): a model that keeps per-request decoder state (``async_chunk``) decodes it as one
+    first chunk and drops the state; a stateless one ignores it."""
     from tests.core.precision import reference_settings
 
     res = []
     device = next(model.parameters()).device
     with reference_settings(device.type):
-        for f in frames:
+        for i, f in enumerate(frames):
             # the class's forward: the engine's model-output adapter wraps the instance's
-            out = type(model).forward(model, input_ids=f.t().reshape(-1).clone().to(device))
+            out = type(model).forward(model, input_ids=f.t().reshape(-1).clone().to(device),
+                                      runtime_additional_information=[
+                                          {"meta": {"request_id": f"direct-{i}", "finished": True}}])
             res.append(out.multimodal_outputs["model_outputs"][0].float().cpu())
     return res
 

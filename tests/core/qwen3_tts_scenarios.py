@@ -71,6 +71,8 @@ def decode_config(model) -> dict:
     batching and chunking, and whether its decoder's CUDA graph is on (with the shapes it captured)."""
     dec = model.decoder
     wrapper = getattr(dec, "_cudagraph_wrapper", None)
+    shapes = {k: sorted(map(str, getattr(wrapper, k, {}) or {})) for k in
+              ("stateless_states", "xvec_prefix_states", "icl_prefix_states", "combined_states")}
     return {"async_chunk": model._async_chunk,
             "stage_connector_config": getattr(model.vllm_config.model_config, "stage_connector_config", None),
             "decode_batch_max_size": model._decode_batch_max_size,
@@ -79,7 +81,7 @@ def decode_config(model) -> dict:
             "enforce_eager": bool(model.vllm_config.model_config.enforce_eager),
             "device": str(model.vllm_config.device_config.device),
             "decoder_graph": bool(getattr(dec, "_cudagraph_enabled", False)),
-            "decoder_graph_shapes": sorted(getattr(wrapper, "stateless_states", {}) or {})}
+            "decoder_graph_shapes": shapes}
 
 
 def synthesize(llm, frames: list) -> list:
@@ -129,7 +131,7 @@ def code2wav(model_dir: str) -> dict:
     return {"frames": frames, "outputs": outs, "direct": direct_waveforms(model, frames),
             "model_class": [type(model).__module__, type(model).__qualname__],
             "upsample": int(model._total_upsample), "streamed": streamed(llm, frames[1]),
-            "decode_config": decode_config(model)}
+            "incremental": incremental(llm, model, frames[1]), "decode_config": decode_config(model)}
 
 
 def streamed(llm, frames) -> dict:
@@ -148,6 +150,28 @@ def streamed(llm, frames) -> dict:
     outs = llm.generate([p for p, _ in reqs], [sp for _, sp in reqs], use_tqdm=False)
     return {"bounds": bounds, "chunks": [code2wav_waveform(o, left_context=s - s0, frames=e - s0)
                                          for o, (s0, s, e) in zip(outs, bounds)]}
+
+
+def incremental(llm, model, frames) -> dict:
+    """``frames`` decoded as the served stage feeds code2wav under the deploy's ``async_chunk``: chunks of the
+    deploy's sizes, each a request of only its new frames whose payload names the utterance
+    (``core.payloads.with_state_key``), one after the other; then the utterance's state released through the
+    worker (``omni_release_request_state``). The chunks' waveforms, the state entries the model held before and
+    after the release, and what the release reported."""
+    from core.models.qwen3_tts import code2wav_inputs, code2wav_waveform, deploy_defaults
+    from core.payloads import with_state_key
+
+    d = deploy_defaults()
+    chunks, start = [], 0
+    while start < frames.shape[0]:
+        end = min(frames.shape[0], start + (d.initial_chunk_frames if not chunks else d.chunk_frames))
+        prompt, params = code2wav_inputs(frames[start:end])
+        out = llm.generate([prompt], [with_state_key(params, "utterance-1")], use_tqdm=False)[0]
+        chunks.append(code2wav_waveform(out))
+        start = end
+    held = sorted(model._decoder_state_cache)
+    released = llm.collective_rpc("omni_release_request_state", args=(["utterance-1"],))
+    return {"chunks": chunks, "held": held, "released": released, "after": sorted(model._decoder_state_cache)}
 
 
 # ------------------------------------------------------------------ talker

@@ -220,6 +220,45 @@ def test_extra_kwargs_are_vllm_omnis_restricted_to_what_the_forward_takes(cpu_ba
     assert kw["seq_token_counts"] == [1, 8, 4, 3, 8] and kw["request_ids"] == IDS
 
 
+class _StatefulGeneration:
+    """A generation model keeping state per request id, as vLLM-Omni's Qwen3-TTS code2wav under async_chunk:
+    its dummy-run state, told which request ids ended."""
+
+    def __init__(self):
+        self.ended = []
+
+    def forward(self, input_ids, positions, **kwargs):
+        pass
+
+    def get_dummy_runtime_additional_information(self, num_reqs):
+        return [{"meta": {"request_id": f"__dummy__{i}", "finished": True}} for i in range(num_reqs)]
+
+    def on_requests_finished(self, ids):
+        self.ended.append(sorted(ids))
+
+
+def test_a_generation_request_naming_its_utterance_is_keyed_by_it_and_released_by_it(cpu_backend):
+    """``request_ids``: a request whose state names a ``meta.request_id`` (the utterance its chunk requests share)
+    is keyed by it, others by their own id; a dummy batch gets the model's own dummy state (and its ids);
+    ``release_request_state`` tells the model the keys ended."""
+    from core.payloads import with_state_key
+
+    gen = OmniHooks(cpu_backend, GENERATION)
+    model = _StatefulGeneration()
+    gen.bind_model(model)
+    params = with_state_key(sampling(1, payload={"codes": {"audio": torch.arange(4)}}), "utt-7")
+    gen.on_new_requests([("dec", params), ("mid", sampling(1))])
+    assert torch.equal(gen.payloads.get("dec")["codes"]["audio"], torch.arange(4))  # the payload kept, key added
+    kw = gen.build_extra_kwargs(batch(ids=["dec", "mid"], prompt=[4, 4], computed=[0, 0], scheduled=[4, 4]))
+    assert kw["request_ids"] == ["utt-7", "mid"]
+    dummy = dataclasses.replace(batch(ids=["d0", "d1"], prompt=[1, 1], computed=[0, 0], scheduled=[1, 1]),
+                                dummy=True)
+    kw = gen.build_extra_kwargs(dummy)
+    assert kw["request_ids"] == ["__dummy__0", "__dummy__1"] and kw["model_intermediate_buffer"][0]["meta"]["finished"]
+    assert gen.release_request_state(["utt-7"]) == 1 and model.ended == [["utt-7"]]
+    assert OmniHooks(cpu_backend, GENERATION).release_request_state(["x"]) == 0  # nothing bound: nothing told
+
+
 # ------------------------------------------------------------ preprocess
 class _Preprocessing:
     """vLLM-Omni's preprocess: rows = ids * 10 (+ the request's offset state); counts its steps."""

@@ -581,3 +581,33 @@ def test_a_call_with_other_inputs_than_the_first_is_refused_with_why():
     with pytest.raises(ModelCallSignatureError, match="input_ids=tensor, inputs_embeds=None after a first call "
                                                       "with input_ids=None, inputs_embeds=tensor"):
         other(input_ids=ids)
+
+
+def test_a_call_without_request_state_gets_the_models_dummy_state():
+    """vLLM's dummy runs (profile, warm-up, capture) call the model without per-request state; a model that
+    declares vLLM-Omni's ``get_dummy_runtime_additional_information`` gets its own dummy state for one request
+    there (as vLLM-Omni's generation runner passes it), a real step's state is left as it is, and a model without
+    the hook is called unchanged."""
+
+    class Stateful(OmniModel):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def forward(self, input_ids=None, positions=None, **kwargs):
+            self.seen.append(kwargs.get("runtime_additional_information"))
+            return super().forward(input_ids=input_ids, positions=positions)
+
+        def get_dummy_runtime_additional_information(self, num_reqs):
+            return [{"meta": {"request_id": f"dummy-{i}", "finished": True}} for i in range(num_reqs)]
+
+    model = Stateful()
+    ModelOutputAdapter(model, MAX_TOKENS)
+    ids, pos = torch.arange(3), torch.arange(3)
+    model(input_ids=ids, positions=pos)  # a dummy run
+    real = [{"meta": {"request_id": "utt"}}]
+    model(input_ids=ids, positions=pos, runtime_additional_information=real, model_intermediate_buffer=real)
+    assert model.seen == [[{"meta": {"request_id": "dummy-0", "finished": True}}], real]
+    plain = OmniModel()
+    ModelOutputAdapter(plain, MAX_TOKENS)
+    plain(input_ids=ids, positions=pos)  # no hook: called as vLLM called it

@@ -192,11 +192,10 @@ def test_code2wav_streamed_chunks_with_left_context_equal_the_whole_decode(scena
 
 def test_code2wav_reads_the_deploys_decode_config_and_its_decoder_graph_follows_the_device(scenario, test_device,
                                                                                             variant) -> None:
-    """The code2wav model read the deploy's connector config (as the served stage gives it,
-    ``stage_engine_args``): ``decode_batch_max_size``, the codec chunking, ``async_chunk`` False (each chunk its
-    own request with its left context); its decoder's own CUDA graph is on exactly where vLLM-Omni turns it on:
-    a CUDA device without ``enforce_eager`` -- there with the stateless shapes that cover the core's chunks
-    (72 + 25 frames padded to 150) at the deploy's graph batch size (1)."""
+    """The code2wav model read the deploy's connector config and ``async_chunk`` (as the served stage gives them,
+    ``stage_engine_args``): ``decode_batch_max_size``, the codec chunking; its decoder's own CUDA graph is on
+    exactly where vLLM-Omni turns it on: a CUDA device without ``enforce_eager`` (there with the captured shapes
+    of the deploy's protocol: the stateful xvec first chunk and suffixes under ``async_chunk``)."""
     from core.models.qwen3_tts import deploy_defaults
 
     r = scenario("code2wav", variant)
@@ -205,15 +204,36 @@ def test_code2wav_reads_the_deploys_decode_config_and_its_decoder_graph_follows_
     d, deploy = r["decode_config"], deploy_defaults()
     extra = deploy.connector["extra"]
     assert d["stage_connector_config"] == {"name": deploy.connector["name"], "extra": {**extra, "stage_id": 1}}
-    assert d["async_chunk"] is False
+    assert d["async_chunk"] is deploy.async_chunk
     assert d["decode_batch_max_size"] == int(extra["decode_batch_max_size"])
     assert (d["initial_codec_chunk_frames"], d["codec_chunk_frames"]) == (deploy.initial_chunk_frames,
                                                                         deploy.chunk_frames)
     on_cuda = d["device"].startswith("cuda") and not d["enforce_eager"]
     assert d["decoder_graph"] is on_cuda, d
     if on_cuda:
-        widest = deploy.left_context_frames + deploy.chunk_frames
-        assert any(size >= widest for _, size in d["decoder_graph_shapes"]), d
+        shapes = d["decoder_graph_shapes"]
+        assert (shapes["xvec_prefix_states"] and shapes["combined_states"]) if deploy.async_chunk \
+            else shapes["stateless_states"], d
+
+
+def test_code2wav_incremental_chunks_equal_the_whole_decode_and_release_their_state(scenario, test_device,
+                                                                                   variant) -> None:
+    """The deploy's ``async_chunk`` protocol as the served stage runs it: chunks of only their new frames (1, then
+    25), each its own request naming the utterance (its payload's ``meta.request_id``), the model keeping the
+    utterance's decoder state between them: the chunks' samples, concatenated, equal the whole utterance decoded
+    in one request (within the waveform tolerance: the incremental decoder recomputes the same causal window);
+    the state is held under the utterance's id until the worker's release, then gone."""
+    r = scenario("code2wav", variant)
+    if _code2wav_refused_on_v2(r):
+        pytest.skip("this vLLM's V2 runner cannot run a model without a KV cache")
+    inc = r["incremental"]
+    whole = r["outputs"][1]["model_outputs"]
+    assert len(inc["chunks"]) >= 2 and inc["chunks"][0].shape == (r["upsample"],)  # a first chunk of 1 frame
+    joined = torch.cat(inc["chunks"])
+    assert joined.shape == whole.shape
+    torch.testing.assert_close(joined, whole, **_waveform_tolerance(test_device))
+    if r["decode_config"]["async_chunk"]:
+        assert inc["held"] == ["utterance-1"] and inc["released"] == [1] and inc["after"] == []
 
 
 # ---------------------------------------------------------------- talker

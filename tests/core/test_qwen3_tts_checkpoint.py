@@ -288,16 +288,18 @@ def test_stage_engine_args_map_the_released_architecture(tiny) -> None:
     assert c2w["max_model_len"] == 4 * (72 + 25) + 1 and c2w["max_num_batched_tokens"] == 2 * c2w["max_model_len"]
 
 
-def test_code2wav_model_gets_the_deploys_connector_config_and_the_stateless_decode(tiny) -> None:
+def test_code2wav_model_gets_the_deploys_connector_config_and_async_chunk(tiny) -> None:
     """The code2wav engine carries what vLLM-Omni's ``OmniEngineArgs.create_model_config`` gives stage 1: the
     deploy YAML's talker -> code2wav connector (its ``extra`` as the YAML writes it, ``stage_id`` 1), read by
-    the model's ``load_weights`` (``decode_batch_max_size``, the codec chunking, its decoder CUDA graph); and
-    ``async_chunk`` False (each chunk its own request with its left context). A chunk window given (e.g.
-    ``--chunk-frames``) sets the codec chunking; the talker carries none."""
+    the model's ``load_weights`` (``decode_batch_max_size``, the codec chunking, its decoder CUDA graph), and the
+    deploy's ``async_chunk``. A chunk window given (e.g. ``--chunk-frames``) sets the chunk sizes; the talker
+    carries none. The declaration's window follows ``async_chunk``: no left context when the model keeps it."""
     import yaml
 
     from core.models.qwen3_tts import deploy_defaults, read_checkpoint, stage_engine_args
     from core.patches.model_config_fields import ADDITIONAL_CONFIG_KEY
+    from core.pipeline.config import GraphConfig
+    from core.pipeline.declarations.qwen3_tts import load
     from core.pipeline.spec import ChunkWindow
 
     ckpt, deploy = read_checkpoint(tiny["custom_voice"]), deploy_defaults()
@@ -307,16 +309,20 @@ def test_code2wav_model_gets_the_deploys_connector_config_and_the_stateless_deco
     declared = raw["connectors"][name]
     assert "additional_config" not in stage_engine_args(ckpt, deploy, "talker")
     fields = stage_engine_args(ckpt, deploy, "code2wav")["additional_config"][ADDITIONAL_CONFIG_KEY]
-    assert fields == {"async_chunk": False, "stage_connector_config": {
+    assert fields == {"async_chunk": bool(raw["async_chunk"]), "stage_connector_config": {
         "name": declared["name"], "extra": {**declared["extra"], "stage_id": 1}}}
     if deploy.version == "0.30.0":
-        assert fields["stage_connector_config"]["extra"]["decode_batch_max_size"] == 4
+        assert fields["async_chunk"] is True and fields["stage_connector_config"]["extra"]["decode_batch_max_size"] == 4
     window = ChunkWindow(first_chunk_frames=2, chunk_frames=10, left_context_frames=30)
     extra = stage_engine_args(ckpt, deploy, "code2wav", window=window)["additional_config"][ADDITIONAL_CONFIG_KEY][
         "stage_connector_config"]["extra"]
-    assert (extra["initial_codec_chunk_frames"], extra["codec_chunk_frames"], extra["codec_left_context_frames"]) \
-        == (2, 10, 30)
+    assert (extra["initial_codec_chunk_frames"], extra["codec_chunk_frames"]) == (2, 10)
+    assert extra["codec_left_context_frames"] == (declared["extra"]["codec_left_context_frames"]
+                                                  if deploy.async_chunk else 30)
     assert extra["decode_batch_max_size"] == declared["extra"]["decode_batch_max_size"]
+    model = load(GraphConfig(model=tiny["custom_voice"]), None, print)
+    assert model.audio_request_state is deploy.async_chunk
+    assert model.window.left_context_frames == (0 if deploy.async_chunk else deploy.left_context_frames)
 
 
 def test_undecoded_reference_audio_is_refused_by_name(tiny) -> None:

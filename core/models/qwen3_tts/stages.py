@@ -93,23 +93,23 @@ def code2wav_model_config(deploy: Any, window: Any = None) -> dict[str, Any]:
       ``initial_codec_chunk_frames``, and ``decode_chunk_frames`` / ``decode_cudagraph_batch_sizes`` /
       ``decode_left_context_frames`` where the deploy sets them) and, on a CUDA device unless ``enforce_eager``,
       enables its decoder's CUDA graph with them. ``window`` (the chunking the stage graph runs, e.g.
-      ``--chunk-frames``) gives the three ``codec_*`` frame counts when given;
-    - ``async_chunk`` False: the stage graph hands code2wav each chunk as a request of its own that carries its
-      left context (:func:`code2wav_inputs`), so the model decodes it statelessly (vLLM-Omni's ``async_chunk:
-      false`` decode: batched across the step's requests, the decoder graph captured at its stateless sizes).
-      The deploy's ``async_chunk`` (True) is its connector's incremental protocol, in which one code2wav request
-      lives for the whole utterance and the model keeps that request's decoder state; the core's hand-over does
-      not keep a code2wav request across chunks, so that state would be a new one for every chunk.
+      ``--chunk-frames``) gives the first-chunk and chunk frame counts when given;
+    - ``async_chunk``: the deploy's (True in vLLM-Omni 0.30): the model keeps each utterance's decoder state
+      across its chunk requests (keyed by the utterance, :func:`core.pipeline.declarations.qwen3_tts.load` sets
+      ``audio_request_state``) and decodes only each chunk's new frames; its decoder graph is captured at the
+      chunk shapes of that protocol. Without it, each chunk request carries its left context and is decoded
+      statelessly.
     """
     from core.patches.model_config_fields import additional_config
 
     extra = {**deploy.connector["extra"], "stage_id": STAGES.index("code2wav")}
     if window is not None:
         extra.update(codec_chunk_frames=int(window.chunk_frames),
-                     codec_left_context_frames=int(window.left_context_frames or 0),
                      initial_codec_chunk_frames=int(window.first_chunk_frames))
+        if not deploy.async_chunk:  # async: the model holds the context; the deploy's window stays its setting
+            extra["codec_left_context_frames"] = int(window.left_context_frames or 0)
     return additional_config(stage_connector_config={"name": deploy.connector["name"], "extra": extra},
-                             async_chunk=False)
+                             async_chunk=bool(deploy.async_chunk))
 
 
 def talker_frames(output: Any) -> Any:
@@ -181,5 +181,5 @@ def sample_rate(output: Any, default: int = 24000) -> int:
     return int(sr.reshape(-1)[0]) if sr is not None else default
 
 
-__all__ = ["STAGES", "code2wav_inputs", "code2wav_model_config", "code2wav_waveform", "sample_rate", "stage_engine_args",
-           "talker_frames"]
+__all__ = ["STAGES", "code2wav_inputs", "code2wav_model_config", "code2wav_waveform", "sample_rate",
+           "stage_engine_args", "talker_frames"]

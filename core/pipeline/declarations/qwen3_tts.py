@@ -8,8 +8,11 @@ stage topology (its ``model_executor/models/qwen3_tts/pipeline.py``) and deploy 
   streamed;
 - code2wav (generation, vLLM-Omni's ``Qwen3TTSCode2Wav``): fed the talker's frames in chunks as vLLM-Omni's
   ``async_chunk`` connector feeds them: the first chunk after ``initial_codec_chunk_frames`` (1), then every
-  ``codec_chunk_frames`` (25; ``--chunk-frames`` overrides), each carrying up to ``codec_left_context_frames``
-  (72, the decoder's attention window) earlier frames whose samples are dropped. 24 kHz.
+  ``codec_chunk_frames`` (25; ``--chunk-frames`` overrides), each only its new frames: the model keeps the
+  utterance's decoder state across its chunk requests (the deploy's ``async_chunk``; the graph names the
+  utterance in each chunk's payload and releases the state when it ends). Without ``async_chunk`` each chunk
+  would carry up to ``codec_left_context_frames`` (72, the decoder's attention window) earlier frames whose
+  samples are dropped. 24 kHz.
 
 A frame is a talker row past the prompt that the model marks valid (``meta.codec_frame_valid``, the flag
 vLLM-Omni's async-chunk producer ``talker2code2wav_async_chunk`` reads; a row the model emits for an invalid
@@ -48,12 +51,14 @@ def load(cfg: Any, backend: Any, say: Callable[[str], None]) -> PipelineModel:
     ckpt = tts.read_checkpoint(cfg.model)
     deploy = tts.deploy_defaults()
     chunk = cfg.chunk_frames or int(deploy.chunk_frames)
+    # async_chunk (the deploy's): code2wav keeps each utterance's decoder state, so a chunk carries no left context
     window = ChunkWindow(first_chunk_frames=min(int(deploy.initial_chunk_frames), chunk), chunk_frames=chunk,
-                         left_context_frames=int(deploy.left_context_frames))
+                         left_context_frames=0 if deploy.async_chunk else int(deploy.left_context_frames))
     return PipelineModel(model_dir=ckpt.path, sample_rate=int(ckpt.sample_rate),
                          samples_per_frame=int(ckpt.samples_per_frame), voices=list(ckpt.speakers), window=window,
                          info={"checkpoint": ckpt, "deploy": deploy, "talker_sampling":
-                               dict(overrides.get("talker", {}).get("default_sampling_params") or {})})
+                               dict(overrides.get("talker", {}).get("default_sampling_params") or {})},
+                         audio_request_state=bool(deploy.async_chunk))
 
 
 def check(model: PipelineModel, req: Any, in_flight: Collection[str]) -> None:

@@ -226,6 +226,8 @@ class StageGraph:
                 with contextlib.suppress(BaseException):
                     await producer_task  # its failure was reported through the queue: retrieved here
             await self._abort(ids)
+            if self.model.audio_request_state and ids[audio.name]:
+                await self._release_state(audio.name, rid)
             self._in_flight.discard(rid)
 
     async def _until_dead(self, aw: Any, stage: str) -> Any:
@@ -280,6 +282,16 @@ class StageGraph:
                     await engine.abort(held)
             for s in sids:
                 self._owner.pop(s, None)
+
+    async def _release_state(self, stage: str, rid: str) -> None:
+        """Tell ``stage``'s model that the state it kept for ``rid`` across its chunk requests can go (the
+        worker's ``omni_release_request_state``, after the request's chunk requests finished or were aborted).
+        Never raises (a dead engine holds nothing)."""
+        engine = self.engines.get(stage)
+        if engine is None or engine.errored or self._closed:
+            return
+        with contextlib.suppress(Exception):
+            await engine.collective_rpc("omni_release_request_state", args=([rid],))
 
     def _params(self, stage: StageSpec, req: Any, upstream: Any, output_kind: str) -> tuple[Any, Any]:
         """The stage's prompt and ``SamplingParams`` (the declaration's ``inputs``), its output kind set."""
@@ -343,6 +355,10 @@ class StageGraph:
         """The waveform of frames ``codes`` (int64 ``[k, Q]``, left context included): float32
         ``[k * samples per frame]``, one request of the audio stage."""
         prompt, params = self._params(stage, req, codes, "FINAL_ONLY")
+        if self.model.audio_request_state:  # the model keeps the request's state under the graph's id
+            from core.payloads import with_state_key
+
+            with_state_key(params, rid)
         out = None
         async with contextlib.aclosing(self.engines[stage.name].generate(
                 prompt, params, request_id=self._stage_id(rid, stage.name, ids, f"-{index}"))) as gen:
