@@ -204,12 +204,19 @@ class ModelOutputAdapter:
     # ---------------------------------------------------------------- every call
     def _on_output(self, args: Any, kwargs: dict[str, Any], output: Any) -> torch.Tensor:
         self.calls += 1
-        signature = call_signature(args, kwargs)
+        if args:
+            signature = call_signature(args, kwargs)
+        else:  # vLLM calls with keywords: call_signature's tuple, read here
+            signature = (isinstance(kwargs.get("input_ids"), torch.Tensor),
+                         isinstance(kwargs.get("inputs_embeds"), torch.Tensor))
         if signature != self._signature:
             if self._signature is not None:
                 raise ModelCallSignatureError(type(self._model).__name__, self._signature, signature)
             self._signature = signature
-        hidden, mm = split_output(output)
+        if type(output) is OmniOutput:  # ours: split_output's answer, read here
+            hidden, mm = output[0], output[1] or {}
+        else:
+            hidden, mm = split_output(output)
         if hidden is None:
             hidden = self._zeros(*_num_tokens(args, kwargs))
         persistent = self.persistent

@@ -70,11 +70,12 @@ class StepRowsCollector:
         copied to the host as they are (``Backend.to_host``). Nothing is cut per request: the front end
         slices a request's rows when it reads them."""
         n = len(req_ids)
-        qsl = _ints(query_start_loc, n + 1)
+        # the batch's offsets as int lists (a numpy array: one tolist each, as the runners hand them over)
+        qsl = query_start_loc[: n + 1].tolist() if type(query_start_loc) is np.ndarray else _ints(query_start_loc, n + 1)
+        first = num_computed[:n].tolist() if type(num_computed) is np.ndarray else _ints(num_computed, n)
         num_tokens = qsl[-1] if n else 0
         starts, ends = qsl[:-1], qsl[1:]
         emitted = self.emitted
-        first = _ints(num_computed, n)
         done = list(map(emitted.get, req_ids, repeat(0, n)))
         upto = map(add, first, map(sub, ends, starts))
         if any(map(gt, done, first)):  # positions emitted before (recomputed after preemption): skip them
@@ -85,7 +86,13 @@ class StepRowsCollector:
         tensors: dict[str, torch.Tensor] = {}
         fenced = False
         for key, value in mm.items():
-            if isinstance(value, dict):  # {category: {qualifier: value}}: vLLM-Omni's "category.qualifier" names
+            if type(value) is torch.Tensor and value.is_cpu and value.dim() and value.shape[0] >= num_tokens:
+                # the common case on the host (an eager engine's own tensor, a cpu engine's buffer): one slab copy
+                t = value[:num_tokens] if value.shape[0] != num_tokens else value
+                slab, at, view = self._slabs._place(t, False)
+                view._omni_slab = (slab, at)  # type: ignore[attr-defined]  # as HostSlabs.copy marks it
+                tensors[key] = view
+            elif isinstance(value, dict):  # {category: {qualifier: value}}: vLLM-Omni's "category.qualifier" names
                 for qual, v in value.items():
                     fenced |= self._one(f"{key}.{qual}", v, num_tokens, req_ids, tensors)
             else:

@@ -251,20 +251,18 @@ class OmniModelStateMixin(abc.ABC):
         return kwargs
 
     # ---------------------------------------------------------- model output
-    def on_sampled(self, input_batch: Any, sampled_token_ids: Any | None) -> None:
-        """For a real batch, before sampling (``sampled_token_ids=None``): this step's output to its rows --
-        one call of the hooks' :class:`~core.hooks.step_rows.StepRowsCollector` for a model with no output
-        hook (``OmniHooks.outputs_only``), else ``process_model_output`` (``postprocess``, multimodal outputs);
-        after sampling: the step's state is cleared (the talker MTP ran before the forward, in
-        ``prepare_inputs``)."""
-        hooks = self.omni_hooks
-        if hooks is None or self._pending is None \
-                or list(input_batch.req_ids[: input_batch.num_reqs]) != self._pending[0]:
-            return  # unbound, or a dummy sampler run
-        if sampled_token_ids is not None:
-            self._pending = None
-            return
-        batch = self._pending[1]
+    def on_sampled(self, input_batch: Any, sampled_token_ids: Any | None = None) -> None:
+        """For a real batch, before sampling: this step's output to its rows -- one call of the hooks'
+        :class:`~core.hooks.step_rows.StepRowsCollector` for a model with no output hook
+        (``OmniHooks.outputs_only``), else ``process_model_output`` (``postprocess``, multimodal outputs) --
+        once per batch ``prepare_inputs`` made (the step's state is cleared then; the talker MTP ran before the
+        forward, in ``prepare_inputs``). ``sampled_token_ids``: not read (the sampler's output, where a caller
+        has it)."""
+        hooks, pending = self.omni_hooks, self._pending
+        if hooks is None or pending is None or list(input_batch.req_ids[: input_batch.num_reqs]) != pending[0]:
+            return  # unbound, a dummy sampler run, or this batch's outputs were taken already
+        self._pending = None
+        batch = pending[1]
         if hooks.outputs_only:
             mm = self.omni_io.outputs()
             if mm:
@@ -285,7 +283,7 @@ class OmniSampler:
     """vLLM's V2 sampler with the omni hooks around it.
 
     ``__call__(logits [num_logits, vocab], input_batch) -> SamplerOutput``:
-    runs ``process_model_output`` for the batch's forward, then vLLM's sampler
+    takes the batch's outputs (``on_sampled``), then runs vLLM's sampler
     (the talker MTP ran before the forward, in ``prepare_inputs``). Every other
     attribute is the wrapped sampler's (the runner calls ``add_request``,
     ``apply_staged_writes``, reads ``penalties_state``, ...). The omni V2 runner
@@ -298,9 +296,7 @@ class OmniSampler:
 
     def __call__(self, logits: Any, input_batch: Any) -> Any:
         self.state.on_sampled(input_batch, None)
-        out = self.inner(logits, input_batch)
-        self.state.on_sampled(input_batch, out.sampled_token_ids)
-        return out
+        return self.inner(logits, input_batch)
 
     def __getattr__(self, name: str) -> Any:
         if name in ("inner", "state"):
