@@ -443,6 +443,8 @@ class HostSlabs:
     """
 
     __slots__ = ("rows", "pin", "_open")
+    #: one open slab per device too (:class:`DeviceSlabs`); host slabs: per trailing shape and dtype
+    by_device = False
 
     def __init__(self, rows: int = 4096, pin: bool = False) -> None:
         self.rows, self.pin = int(rows), pin
@@ -464,7 +466,7 @@ class HostSlabs:
         """``(slab, first row, the view of the rows)``, ``t`` copied in (one slice of the slab: a tensor
         index is a few microseconds of host time, once per step and output)."""
         n = t.shape[0]
-        key = self._key(t)
+        key = (t.shape[1:], t.dtype, t.device) if self.by_device else (t.shape[1:], t.dtype)
         entry = self._open.get(key)
         if entry is None or entry[1] + n > entry[0].shape[0]:
             entry = self._open[key] = [self._new_slab(t, max(self.rows, n)), 0]
@@ -473,9 +475,6 @@ class HostSlabs:
         view.copy_(t, non_blocking=non_blocking)
         entry[1] = at + n
         return slab, at, view
-
-    def _key(self, t: torch.Tensor) -> tuple:
-        return t.shape[1:], t.dtype
 
     def _new_slab(self, t: torch.Tensor, rows: int) -> torch.Tensor:
         return torch.empty((rows, *t.shape[1:]), dtype=t.dtype, pin_memory=self.pin)
@@ -488,9 +487,7 @@ class DeviceSlabs(HostSlabs):
     copy on the current stream: a later read on that stream needs no fence."""
 
     __slots__ = ()
-
-    def _key(self, t: torch.Tensor) -> tuple:
-        return t.shape[1:], t.dtype, t.device
+    by_device = True
 
     def _new_slab(self, t: torch.Tensor, rows: int) -> torch.Tensor:
         return t.new_empty((rows, *t.shape[1:]))
