@@ -131,7 +131,26 @@ def code2wav(model_dir: str) -> dict:
     return {"frames": frames, "outputs": outs, "direct": direct_waveforms(model, frames),
             "model_class": [type(model).__module__, type(model).__qualname__],
             "upsample": int(model._total_upsample), "streamed": streamed(llm, frames[1]),
-            "incremental": incremental(llm, model, frames[1]), "decode_config": decode_config(model)}
+            "incremental": incremental(llm, model, frames[1]), "decode_config": decode_config(model),
+            "dummy_run": dummy_run(model)}
+
+
+def dummy_run(model) -> dict:
+    """The model called as vLLM's ``_dummy_run`` calls it (profile, warm-up, capture: token ids and positions,
+    no per-request state) with a whole number of frames: the decoder state entries it leaves (the engine's
+    model-output adapter gives it its own dummy state); the unwrapped class forward's error for the same call."""
+    import torch
+
+    n = 4 * model._num_quantizers
+    device = next(model.parameters()).device
+    model(input_ids=torch.zeros(n, dtype=torch.long, device=device), positions=torch.arange(n, device=device))
+    left = sorted(model._decoder_state_cache)
+    try:
+        type(model).forward(model, input_ids=torch.zeros(n, dtype=torch.long, device=device))
+        bare = None
+    except ValueError as exc:
+        bare = str(exc)
+    return {"states_left": left, "bare_forward_error": bare}
 
 
 def streamed(llm, frames) -> dict:

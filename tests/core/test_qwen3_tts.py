@@ -234,6 +234,10 @@ def test_code2wav_incremental_chunks_equal_the_whole_decode_and_release_their_st
     torch.testing.assert_close(joined, whole, **_waveform_tolerance(test_device))
     if r["decode_config"]["async_chunk"]:
         assert inc["held"] == ["utterance-1"] and inc["released"] == [1] and inc["after"] == []
+        # vLLM's dummy runs carry no request id: the class refuses such a call under async_chunk, the engine's
+        # model (its forward wrapped by the core) gets its own dummy state and leaves none behind
+        assert "require a request_id" in (r["dummy_run"]["bare_forward_error"] or "")
+        assert r["dummy_run"]["states_left"] == []
 
 
 # ---------------------------------------------------------------- talker
