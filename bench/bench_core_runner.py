@@ -40,8 +40,9 @@ Runs with ``OMP_NUM_THREADS=1`` unless set (see below), in-process engines.
 batch) listing where the runner's own time goes (this project's ``core/`` and
 ``omni_backends/`` functions), and, at the smallest and the largest batch, the functions of every package
 (vLLM's and PyTorch's too) whose own time per step differs most between ``omni`` and ``omni-plain``
-(:func:`profile_diff`; ``omni-device`` - ``omni-plain`` too when it runs); each engine is profiled once per
-batch (:func:`profile_report`).
+(:func:`profile_diff`, with the sum over this tree's ``core/``; ``omni-device`` - ``omni-plain`` too when it
+runs); each engine is profiled once per batch, or ``--profile-reps`` times with each function's median
+(:func:`profile_report`).
 ``--sync-debug`` (CUDA) adds, per engine, the host-device synchronisations of
 one run of its decode steps at the largest batch, counted by where they come from (PyTorch's sync debug mode;
 a synchronisation the omni runner adds serialises the host with the device and undoes async scheduling's
@@ -317,8 +318,13 @@ def profile_diff(omni, plain, batch: int, max_tokens: int, top: int = 20) -> str
     rows.sort(key=lambda r: r[0], reverse=True)
     total_a = sum(v[2] for v in a.values()) / steps * 1e6
     total_b = sum(v[2] for v in b.values()) / steps * 1e6
+    mine = os.path.join(ROOT, "core") + os.sep  # this tree's core/: the omni runner's own functions
+    core_a = [(v[2], v[1]) for k, v in a.items() if k[0].startswith(mine)]
+    core_b = [(v[2], v[1]) for k, v in b.items() if k[0].startswith(mine)]
     lines = [f"batch {batch}: own time per step (µs, cProfile), omni {total_a:.1f} vs omni-plain {total_b:.1f} "
-             f"({total_a - total_b:+.1f}); the {top} functions with the largest difference:", "",
+             f"({total_a - total_b:+.1f}); of it in core/: omni {sum(t for t, _ in core_a) / steps * 1e6:.1f} "
+             f"({sum(n for _, n in core_a) / steps:.1f} calls) vs omni-plain {sum(t for t, _ in core_b) / steps * 1e6:.1f} "
+             f"({sum(n for _, n in core_b) / steps:.1f} calls); the {top} functions with the largest difference:", "",
              "| function | omni µs/step | omni-plain µs/step | difference | calls/step omni | calls/step omni-plain |",
              "|---|---|---|---|---|---|"]
     for d, key, ta, tb, na, nb in rows[:top]:
@@ -327,14 +333,31 @@ def profile_diff(omni, plain, batch: int, max_tokens: int, top: int = 20) -> str
     return "\n".join(lines) + "\n"
 
 
-def profile_report(engines: dict, batches: list[int], max_tokens: int, output_kind: str) -> str:
-    """The ``--profile`` report: each of ``omni`` / ``omni-plain`` profiled once per batch (the smallest and
-    the largest, :func:`profile_stats`); its ``core/`` and ``omni_backends/`` functions at the largest batch
-    (:func:`profile_omni`), then :func:`profile_diff` at each of the two batches."""
+class _MedianStats:
+    """The per-function median over several ``pstats.Stats`` (``.stats``: key -> (calls, primitive calls,
+    own time, cumulative time, {})): what :func:`profile_diff` reads, with another process's pauses dropped."""
+
+    def __init__(self, runs: list) -> None:
+        keys = {k for r in runs for k in r.stats}
+        zero = (0, 0, 0.0, 0.0, {})
+        self.stats = {k: tuple(statistics.median(r.stats.get(k, zero)[i] for r in runs) for i in range(4)) + ({},)
+                      for k in keys}
+
+
+def profile_report(engines: dict, batches: list[int], max_tokens: int, output_kind: str, reps: int = 1) -> str:
+    """The ``--profile`` report: each of ``omni`` / ``omni-plain`` profiled ``reps`` times per batch (the
+    smallest and the largest, :func:`profile_stats`; the engines in turn; with ``reps`` > 1 each function's
+    median, :class:`_MedianStats`); its ``core/`` and ``omni_backends/`` functions at the largest batch
+    (:func:`profile_omni`, the first profile), then :func:`profile_diff` at each of the two batches."""
     names = [n for n in ("omni", "omni-device", "omni-plain") if n in engines]
     sizes = sorted({min(batches), max(batches)})
-    stats = {(n, b): profile_stats(engines[n], b, max_tokens, output_kind, n) for b in sizes for n in names}
-    parts = [f"#### {n}\n\n" + profile_omni(stats[(n, max(sizes))]) for n in names]
+    runs: dict = {(n, b): [] for b in sizes for n in names}
+    for b in sizes:
+        for r in range(reps):
+            for n in names:
+                runs[(n, b)].append(profile_stats(engines[n], b, max_tokens, output_kind, f"{n}-{r}"))
+    stats = {k: v[0] if reps == 1 else _MedianStats(v) for k, v in runs.items()}
+    parts = [f"#### {n}\n\n" + profile_omni(runs[(n, max(sizes))][0]) for n in names]
     if "omni-plain" in names:
         for n in ("omni", "omni-device"):
             if n in names:
@@ -436,6 +459,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="engines to build, in creation order (the creation order can bias a few %%; see RESULTS.md); "
                          "default omni,omni-plain,stock, with omni-device after omni on a device other than the cpu")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile-reps", type=_positive("--profile-reps"), default=1,
+                    help="--profile: profiles per engine and batch, the engines in turn; the table is each "
+                         "function's median over them (drops another process's pauses on a shared host)")
     ap.add_argument("--sync-debug", action="store_true",
                     help="CUDA: count the host-device synchronisations of each engine's decode steps, by where they "
                          "come from (PyTorch's sync debug mode), largest batch")
@@ -514,7 +540,8 @@ def run(args: argparse.Namespace) -> dict:
     decode = bench_decode(engines, batches, args.rounds, args.max_tokens, args.output_kind)
     paths = bench_paths(get_backend(), engines["stock"].llm_engine.vllm_config, args.reps, args.iters)
     info["loadavg_end"] = os.getloadavg()
-    prof = profile_report(engines, batches, args.max_tokens, args.output_kind) if args.profile else None
+    prof = profile_report(engines, batches, args.max_tokens, args.output_kind, args.profile_reps) \
+        if args.profile else None
     syncs = {n: sync_report(llm, max(batches), args.max_tokens, args.output_kind, n)
              for n, llm in engines.items()} if args.sync_debug else None
     return {"info": info, "decode": {str(k): v for k, v in decode.items()}, "paths": paths, "profile": prof,

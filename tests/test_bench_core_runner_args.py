@@ -27,11 +27,12 @@ def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     (["--max-tokens", "1"], "--max-tokens must be an integer 2..243, got '1'"),
     (["--max-tokens", "244"], "--max-tokens must be an integer 2..243, got '244'"),
     (["--iters", "0"], "--iters must be an integer >= 1"),
+    (["--profile-reps", "0"], "--profile-reps must be an integer >= 1, got '0'"),
     (["--device", "tpu9"], "unknown device 'tpu9' (from --device). Installed drivers:"),
     (["--sync-debug", "--device", "cpu"], "--sync-debug counts CUDA host-device synchronisations: it needs "
                                           "--device cuda, not 'cpu'"),
 ], ids=["batch-0", "batch-negative", "batch-text", "rounds-0", "rounds-negative", "max-tokens-0", "max-tokens-1",
-        "max-tokens-too-long", "iters-0", "unknown-device", "sync-debug-off-cuda"])
+        "max-tokens-too-long", "iters-0", "profile-reps-0", "unknown-device", "sync-debug-off-cuda"])
 def test_bad_option_is_one_parser_error_before_any_engine(args, message):
     proc = _run(*args)
     assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
@@ -63,3 +64,23 @@ def test_a_device_without_its_stack_is_one_parser_error_before_any_engine():
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
     assert f"--device {name}: device '{name}' was requested (explicit --device) but is not usable here" in proc.stderr
     assert "Traceback" not in proc.stderr and "LLM engine" not in proc.stdout + proc.stderr
+
+
+def test_repeated_profiles_give_each_functions_median():
+    """``--profile-reps``: each function's figures are the median over the profiles (one profile with another
+    process's pause in it moves nothing); a function missing from a profile counts 0 there."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        from bench_core_runner import _MedianStats
+    finally:
+        sys.path.remove(os.path.join(ROOT, "bench"))
+
+    class Run:
+        def __init__(self, stats):
+            self.stats = stats
+
+    f, g = ("core/x.py", 1, "f"), ("core/x.py", 9, "g")
+    runs = [Run({f: (2, 2, 1.0, 1.5, {}), g: (1, 1, 0.2, 0.2, {})}), Run({f: (2, 2, 90.0, 95.0, {})}),
+            Run({f: (2, 2, 3.0, 4.0, {}), g: (1, 1, 0.4, 0.4, {})})]
+    med = _MedianStats(runs).stats
+    assert med[f][:4] == (2, 2, 3.0, 4.0) and med[g][:4] == (1, 1, 0.2, 0.2)
