@@ -180,7 +180,7 @@ part_qwen3_size() {  # QWEN3_SIZES (default "1.7b 0.6b"), QWEN3_RUNNERS (default
   header qwen3-size > "$d/log.txt"
   local size runner rc t0
   for size in ${QWEN3_SIZES:-1.7b 0.6b}; do
-    local ckpt="/tmp/qwen3-tts-$size"
+    local ckpt; ckpt="/tmp/Qwen3-TTS-12Hz-$(echo "$size" | tr a-z A-Z)-CustomVoice"  # serve-qwen3's too
     if [ ! -f "$ckpt/config.json" ]; then
       if (( $(left) < 150 )); then echo "$size: checkpoint not written (time)" | tee -a "$d/log.txt" "$OUT/not-run.txt"; continue; fi
       t0=$SECONDS
@@ -223,6 +223,7 @@ part_serve_qwen3() {  # SERVE_SIZES (default "1.7b 0.6b"), SERVE_FRAMES (default
     if (( $(left) < 200 )); then echo "$size: serve not started (time)" | tee -a "$d/log.txt" "$OUT/not-run.txt"; continue; fi
     t0=$SECONDS
     # shellcheck disable=SC2086
+    VLLM_OMNI_QWEN3_CODE2WAV_CUDAGRAPH_STATS=1 VLLM_OMNI_QWEN3_CODE2WAV_CUDAGRAPH_STATS_FILE="$d/$size-code2wav-graph-stats.txt" \
     timeout "$(( $(left) - 10 ))" python3 bench/bench_serve.py --model "$ckpt" --device cuda --concurrency 1 8 64 \
         --frames "${SERVE_FRAMES:-96}" ${SERVE_ARGS:-} --json "$d/$size.json" > "$d/$size.txt" 2>&1
     rc=$?; echo "$size serve: rc=$rc $((SECONDS - t0)) s" | tee -a "$d/log.txt"
