@@ -102,16 +102,12 @@ def test_v2_a_model_without_output_hooks_reaches_its_rows_in_one_collector_call(
 
 
 @pytest.mark.engine_tier
-def test_v1_the_thinkers_step_reaches_its_rows_in_one_collector_call(demo_dir, test_device, monkeypatch):
-    """The demo thinker (hidden states per token, no output hook) on vLLM's V1 runner: one collector call per
-    step with tokens, and none of the general path's calls."""
+def test_the_thinkers_step_reaches_its_rows_in_one_collector_call(demo_dir, test_device, monkeypatch):
+    """The demo thinker (hidden states per token, no output hook) on the engine's runner (V1 on the cpu): one
+    collector call per forward with tokens, and none of the general path's calls."""
     from tests.core.conftest import _need_vllm
 
     _need_vllm(test_device)
-    import vllm.envs as envs
-
-    if envs.VLLM_USE_V2_MODEL_RUNNER:
-        pytest.skip("V1 runner test: VLLM_USE_V2_MODEL_RUNNER=1 (the V2 state's test is the one above)")
     from vllm import SamplingParams
 
     from core.hooks import OmniHooks
@@ -135,7 +131,8 @@ def test_v1_the_thinkers_step_reaches_its_rows_in_one_collector_call(demo_dir, t
     finally:
         release_engine(llm, "thinker")
     assert [o.multimodal_outputs["hidden"].shape[0] for o in outs] == [3 + 4, 2 + 4]
-    assert calls == {"collect": 5}  # the prefill step and 4 decode steps
+    # the prefill step and 4 decode steps (async scheduling, where vLLM runs it, may run one step more)
+    assert set(calls) == {"collect"} and calls["collect"] in (5, 6), calls
 
 
 # ------------------------------------------------------------------ rows kept on the device
@@ -209,17 +206,18 @@ def test_the_front_ends_log_gathers_device_rows_on_the_device_with_no_host_index
             assert torch.equal(got["hidden"], source[1:].repeat(3, 1))
 
 
-def test_outputs_on_device_needs_the_worker_in_this_process(demo_dir, monkeypatch):
+def test_outputs_on_device_needs_the_worker_in_this_process(demo_dir, test_device, monkeypatch):
     """Refused before vLLM starts, saying what to set: an engine core in its own process (vLLM's default) or
     more than one worker."""
     from core.stage import make_engine
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     with pytest.raises(ValueError, match="VLLM_ENABLE_V1_MULTIPROCESSING=0"):
-        make_engine(os.path.join(demo_dir, "thinker"), device="cpu", outputs_on_device=True)
+        make_engine(os.path.join(demo_dir, "thinker"), device=test_device, outputs_on_device=True)
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     with pytest.raises(ValueError, match="tensor_parallel_size must be 1"):
-        make_engine(os.path.join(demo_dir, "thinker"), device="cpu", outputs_on_device=True, tensor_parallel_size=2)
+        make_engine(os.path.join(demo_dir, "thinker"), device=test_device, outputs_on_device=True,
+                    tensor_parallel_size=2)
 
 
 @pytest.mark.engine_tier
@@ -247,7 +245,11 @@ def test_an_in_process_engine_keeps_its_outputs_on_the_device_when_asked(demo_di
             got[on] = [o.multimodal_outputs["hidden"] for o in llm.generate(prompts, params, use_tqdm=False)]
         finally:
             release_engine(llm, "thinker")
+    from tests.core.precision import tolerance
+
     assert all(h.device.type == "cpu" for h in got[False])
     assert all(h.device.type == torch.device(test_device).type for h in got[True])
+    # the same forward in two engines: bit for bit on the cpu; elsewhere to the device's measured tolerance
+    tol = {"rtol": 0.0, "atol": 0.0} if test_device == "cpu" else tolerance(test_device, "float32", "hidden")
     for a, b in zip(got[False], got[True]):
-        assert torch.equal(a, b.cpu())
+        torch.testing.assert_close(b.cpu(), a, **tol)
