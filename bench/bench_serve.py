@@ -1,6 +1,6 @@
 """``omni-backends serve`` under load, measured as vLLM-Omni measures its server (``vllm bench serve --omni``): the
 demo pipeline against the same requests one by one through ``run``, or a Qwen3-TTS checkpoint (``--model DIR``)
-against ``bench/bench_qwen3_tts.py``'s in-process loop on the same checkpoint.
+against the same stage graph driven in a process of its own without HTTP (what the server itself costs).
 
 Starts a server (``python -m core.serving``, resident stage graph) unless ``--url`` names one, then for each
 concurrency level sends ``max(--min-requests, level)`` streamed (SSE) speech requests, ``level`` at a time,
@@ -17,14 +17,24 @@ and per level: audio seconds delivered per wall second (audio-s/s), p50 / p99 of
   ``--run-baseline`` times; "run, one by one" = requests x its median wall time; ratio = that / the level's wall.
 - ``--model DIR`` (Qwen3-TTS, released layout): vLLM-Omni's request (``voice`` a speaker, ``language``,
   ``stream: true`` -> ``speech.audio.*`` events) with a fixed length -- ``--frames`` codec frames per request
-  (``max_new_tokens = frames + 1`` and the server's ``--stage-overrides``: the talker's ``ignore_eos`` and no stop token, as
-  ``bench_qwen3_tts.py`` fixes its length); the talker's other sampling is the deploy's. Beside each level:
-  ``bench_qwen3_tts.py --model-dir DIR`` (two engines in this machine's process, no HTTP) at the same
-  concurrencies and frames, unless ``--no-inproc``.
+  (``max_new_tokens = frames + 1`` and ``--stage-overrides``: the talker's ``ignore_eos`` and no stop token); the
+  talker's other sampling, the chunking (the deploy's window, or ``--chunk-frames``) and code2wav's work (the
+  deploy's ``async_chunk`` incremental decode) are the pipeline's. Beside the served rows, unless
+  ``--no-inproc``: the in-process rows, from a child process (this script with ``--inproc-only``, after the
+  server stopped) that starts the same stage graph as the server (``ServeConfig.graph_config``, then
+  ``StageGraph.start``) and sends the same request bodies, at the same levels, through the server's request
+  path minus HTTP (``parse_tts_speech`` -> ``StageGraph.check`` -> ``StageGraph.synthesize``), measured the same
+  way on its own clock (TTFA: the body taken -> the first ``AudioChunk`` received; RTF; audio-s/s); vLLM's
+  per-stage stats loggers (the server's ``/metrics``) are off there, as SSE encoding and HTTP are. Columns
+  ``inproc_ttfa_ms`` / ``inproc_rtf`` / ``inproc_audio_s_per_s`` (p50 / p50 / per level) and the ratios served /
+  in-process (``ttfa_vs_inproc``, ``rtf_vs_inproc``, ``audio_s_per_s_vs_inproc``): 1.0 is a free server; the
+  server's cost shows as TTFA / RTF ratios above 1 and an audio-s/s ratio below 1 (issue 40's goal: within 10 %).
+  ``bench/bench_qwen3_tts.py`` measures the two engines alone (talker ms per frame, code2wav ms per chunk).
 
     python bench/bench_serve.py [--device cpu] [--concurrency 1 8 32] [--max-tokens 16] [--run-baseline 2]
                                 [--url http://127.0.0.1:8000] [--json OUT.json]
-    python bench/bench_serve.py --model DIR [--device cpu] [--concurrency 1 8 64] [--frames 48] [--no-inproc]
+    python bench/bench_serve.py --model DIR [--device cpu] [--concurrency 1 8 64] [--frames 48]
+                                [--no-inproc | --inproc-only]
 
 Prints a markdown table and a JSON report (paste into bench/RESULTS.md); writes its record under
 ``bench/results/`` (``bench/record.py``: command, commit, date, device, model size, figures).
@@ -43,10 +53,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+#: ``--stage-overrides`` fixing a request's length at its ``max_new_tokens``: the talker (stage 0) ignores EOS and
+#: has no stop token (vLLM-Omni's per-stage ``default_sampling_params``)
+FIXED_LENGTH = {"0": {"default_sampling_params": {"ignore_eos": True, "stop_token_ids": []}}}
 PROMPTS = ["Hello! Tell me about omni models.", "What is the weather like today?", "Read me a short poem.",
            "Explain pipelines in one sentence.", "Count from one to five.", "Say something nice."]
 
@@ -85,36 +99,70 @@ async def one(client, url: str, body: dict) -> dict:
                 done = event
             else:
                 return {"ok": False, "status": 200, "error": json.dumps(event)[:300]}
-    t1 = time.perf_counter()
+    return request_figures(t0, time.perf_counter(), arrivals, durations, done is not None)
+
+
+def request_figures(t0: float, t1: float, arrivals: list[float], durations: list[float], done: bool) -> dict:
+    """One request's figures from its clock readings (``time.perf_counter()`` s): sent at ``t0``, chunks
+    received at ``arrivals`` holding ``durations`` s of audio, ended at ``t1`` (``done``: with its last event /
+    result). The same for the served and the in-process side."""
     audio = sum(durations)
+    if not arrivals:
+        return {"ok": False, "status": 200, "error": "no audio chunk"}
     underruns, played = 0, 0.0
     for arrival, dur in zip(arrivals, durations):
         if arrival > arrivals[0] + played + 1e-9:
             underruns += 1
         played += dur
-    return {"ok": done is not None and audio > 0, "ttfa": arrivals[0] - t0, "latency": t1 - t0, "audio": audio,
+    return {"ok": done and audio > 0, "ttfa": arrivals[0] - t0, "latency": t1 - t0, "audio": audio,
             "rtf": (t1 - t0) / audio if audio else None, "underruns": underruns, "chunks": len(arrivals)}
 
 
-async def level(url: str, concurrency: int, n: int, args: argparse.Namespace) -> dict:
-    import httpx
+async def one_inproc(graph, body: dict, model_name: str) -> dict:
+    """``body`` through the server's request path minus HTTP (``core.serving.protocol.parse_tts_speech``, then
+    ``graph.check`` and ``graph.synthesize`` under a fresh request id, as ``core.serving.app.SpeechHandler``),
+    measured as :func:`one` measures a served request: ``t0`` when the body is taken, an arrival per
+    ``AudioChunk`` received, the end at the ``SpeechResult``."""
+    from core.pipeline.graph import AudioChunk
+    from core.serving.protocol import parse_tts_speech
 
+    sr = int(graph.sample_rate)
+    t0 = time.perf_counter()
+    arrivals, durations, done = [], [], False
+    try:
+        opts = parse_tts_speech(body, model_name=model_name, sample_rate=sr)
+        rid = f"speech-{uuid.uuid4().hex}"
+        graph.check(opts.request, request_id=rid)
+        async for item in graph.synthesize(opts.request, request_id=rid):
+            if isinstance(item, AudioChunk):
+                arrivals.append(time.perf_counter())
+                durations.append(len(item.samples) / sr)
+            else:
+                done = True
+    except Exception as exc:  # a refused body or a failed stage: this request's error, the level goes on
+        return {"ok": False, "status": None, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    return request_figures(t0, time.perf_counter(), arrivals, durations, done)
+
+
+async def level(send, concurrency: int, n: int, args: argparse.Namespace) -> dict:
+    """``n`` requests (:func:`request_body` 0..n-1), ``concurrency`` at a time, each through ``send(body)`` (a
+    coroutine giving :func:`request_figures`' dict): the level's row."""
     sem = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=concurrency + 4)) as client:
-        async def limited(i: int) -> dict:
-            async with sem:
-                return await one(client, url, request_body(i, args))
 
-        t0 = time.perf_counter()
-        results = await asyncio.gather(*(limited(i) for i in range(n)))
-        wall = time.perf_counter() - t0
+    async def limited(i: int) -> dict:
+        async with sem:
+            return await send(request_body(i, args))
+
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(limited(i) for i in range(n)))
+    wall = time.perf_counter() - t0
     ok = [r for r in results if r["ok"]]
     row = {"concurrency": concurrency, "requests": n, "ok": len(ok), "wall_s": round(wall, 3)}
     if ok:
         ttfa = [r["ttfa"] for r in ok]
         rtf = [r["rtf"] for r in ok]
-        row.update(ttfa_p50_s=round(pct(ttfa, 0.5), 3), ttfa_p99_s=round(pct(ttfa, 0.99), 3),
-                   rtf_p50=round(pct(rtf, 0.5), 3), rtf_p99=round(pct(rtf, 0.99), 3),
+        row.update(ttfa_p50_s=round(pct(ttfa, 0.5), 4), ttfa_p99_s=round(pct(ttfa, 0.99), 4),
+                   rtf_p50=round(pct(rtf, 0.5), 4), rtf_p99=round(pct(rtf, 0.99), 4),
                    audio_s_per_s=round(sum(r["audio"] for r in ok) / wall, 3),
                    audio_s=round(sum(r["audio"] for r in ok), 3),
                    underruns=sum(r["underruns"] for r in ok), chunks=sum(r["chunks"] for r in ok))
@@ -122,6 +170,50 @@ async def level(url: str, concurrency: int, n: int, args: argparse.Namespace) ->
     if errors:
         row["errors"] = errors[:3]
     return row
+
+
+async def served_levels(url: str, args: argparse.Namespace) -> list[dict]:
+    """The served side: a warm-up level (1 at a time, 2 requests; not counted), then each ``--concurrency``
+    level over HTTP to ``url``."""
+    import httpx
+
+    async def at(concurrency: int, n: int) -> dict:
+        limits = httpx.Limits(max_connections=concurrency + 4)
+        async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+            return await level(lambda body: one(client, url, body), concurrency, n, args)
+
+    await at(1, 2)
+    return [await at(c, max(args.min_requests, c)) for c in args.concurrency]
+
+
+async def inproc_levels(args: argparse.Namespace) -> tuple[list[dict], float]:
+    """The in-process side, in this process: the stage graph the server starts for these options
+    (``core.serving.server.ServeConfig.graph_config``, ``StageGraph.start``), the warm-up and the levels of
+    :func:`served_levels` through :func:`one_inproc`; the graph is shut down before this returns. Returns the
+    rows and the graph's start seconds."""
+    from core.models import register
+    from core.pipeline.config import parse_stage_overrides
+    from core.pipeline.graph import StageGraph
+    from core.serving.server import ServeConfig
+    from omni_backends.registry import select
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # as the server
+    cfg = ServeConfig(device=args.device, model=args.model, chunk_frames=args.chunk_frames,
+                      stage_overrides=parse_stage_overrides(json.dumps(FIXED_LENGTH)))  # as `serve` reads it
+    sel = select(cfg.device)
+    register()  # as the server, before the engines start in their threads
+    t0 = time.perf_counter()
+    graph = await StageGraph.start(cfg.graph_config(sel.name), sel.backend,
+                                   say=lambda line: print(line, file=sys.stderr, flush=True))
+    startup = time.perf_counter() - t0
+    try:
+        def send(body: dict):
+            return one_inproc(graph, body, args.model_name)
+
+        await level(send, 1, 2, args)
+        return [await level(send, c, max(args.min_requests, c), args) for c in args.concurrency], startup
+    finally:
+        await graph.shutdown()
 
 
 def run_baseline(times: int, device: str, model_dir: str | None, max_tokens: int) -> list[float]:
@@ -139,22 +231,39 @@ def run_baseline(times: int, device: str, model_dir: str | None, max_tokens: int
     return walls
 
 
-def inproc_rows(args: argparse.Namespace) -> tuple[list[dict], str]:
-    """``bench_qwen3_tts.py``'s in-process loop on ``args.model`` at the same concurrencies and frames, with the
-    server's chunking (first chunk 1, then 25 frames with 72 of left context: the deploy's): its rows and the
-    command run. A failure is returned as an ``error`` row (the served figures stand on their own)."""
+def inproc_rows(args: argparse.Namespace) -> tuple[list[dict], str, float | None]:
+    """The in-process rows (:func:`inproc_levels`) from a child process: this script with ``--inproc-only`` and
+    the same checkpoint, device, levels, frames and chunking (``BENCH_RECORD_NESTED``: it writes no record of
+    its own). Returns its rows, the command run and its graph's start seconds; a failure is returned as an
+    ``error`` row (the served figures stand on their own)."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, os.path.join(ROOT, "bench", "bench_qwen3_tts.py"), "--model-dir", args.model,
-               "--device", args.device, "--frames", str(args.frames), "--chunk-frames", str(min(25, args.frames)),
-               "--first-chunk-frames", "1", "--left-context", "72",
-               "--concurrency", ",".join(map(str, args.concurrency)), "--out", tmp]
+        out = os.path.join(tmp, "inproc.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--inproc-only", "--model", args.model, "--device",
+               args.device, "--frames", str(args.frames), "--min-requests", str(args.min_requests),
+               "--concurrency", *map(str, args.concurrency), "--json", out]
+        cmd += ["--chunk-frames", str(args.chunk_frames)] if args.chunk_frames else []
         env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                "BENCH_RECORD_NESTED": "1"}
         p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
-        if p.returncode != 0:
-            return [{"error": (p.stdout + p.stderr)[-1500:]}], " ".join(cmd[1:])
-        with open(os.path.join(tmp, "bench_qwen3_tts.json")) as f:
-            return json.load(f)["rows"], " ".join(cmd[1:])
+        shown = " ".join(cmd[1:-2])  # without the temporary --json
+        if p.returncode != 0 or not os.path.isfile(out):
+            return [{"error": (p.stdout + p.stderr)[-1500:]}], shown, None
+        with open(out) as f:
+            report = json.load(f)
+        return report["levels"], shown, report.get("graph_start_s")
+
+
+def compare(row: dict, inproc: dict) -> None:
+    """Add the in-process row's figures to the served ``row`` (p50 TTFA in ms, p50 RTF, audio-s/s) and the
+    ratios served / in-process (rounded to 3 places; absent where either side has no figure)."""
+    if "ttfa_p50_s" not in inproc:
+        return
+    row.update(inproc_ttfa_ms=round(inproc["ttfa_p50_s"] * 1000, 1), inproc_rtf=inproc["rtf_p50"],
+               inproc_audio_s_per_s=inproc["audio_s_per_s"])
+    for key, served, mine in (("ttfa_vs_inproc", "ttfa_p50_s", "ttfa_p50_s"), ("rtf_vs_inproc", "rtf_p50", "rtf_p50"),
+                              ("audio_s_per_s_vs_inproc", "audio_s_per_s", "audio_s_per_s")):
+        if row.get(served) is not None and inproc.get(mine):
+            row[key] = round(row[served] / inproc[mine], 3)
 
 
 def check_model(ap: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
@@ -188,7 +297,9 @@ def main() -> int:
     ap.add_argument("--frames", type=int, default=48, help="--model: codec frames per request (fixed length)")
     ap.add_argument("--chunk-frames", type=int, default=None)
     ap.add_argument("--run-baseline", type=int, default=2, help="the demo: one-shot `run` processes to time (0: none)")
-    ap.add_argument("--no-inproc", action="store_true", help="--model: skip bench_qwen3_tts.py's in-process loop")
+    ap.add_argument("--no-inproc", action="store_true", help="--model: the served rows only")
+    ap.add_argument("--inproc-only", action="store_true",
+                    help="--model: the in-process rows only (the stage graph in this process, no server)")
     ap.add_argument("--json", default=None, help="also write the report here")
     args = ap.parse_args()
     from arg_checks import require_in_range, require_usable_device
@@ -204,9 +315,15 @@ def main() -> int:
         require_in_range(ap, "--chunk-frames", args.chunk_frames, 1, TALKER_MAX_MODEL_LEN)
     if args.model is not None and args.model_dir is not None:
         ap.error("--model (a checkpoint) and --model-dir (the demo models) exclude each other")
+    if args.inproc_only and (args.model is None or args.no_inproc or args.url is not None):
+        ap.error("--inproc-only needs --model and excludes --no-inproc and --url (it starts no server)")
     model = check_model(ap, args) if args.model is not None else None
     if args.url is None or (args.run_baseline and model is None) or (model and not args.no_inproc):
         require_usable_device(ap, args.device)  # this machine starts engines: its driver must be usable
+    if model is not None:
+        args.model_name, args.speakers = model["name"], model["speakers"]
+    if args.inproc_only:
+        return inproc_main(args, model)
 
     from core.serving.process import ServerProcess
 
@@ -216,46 +333,59 @@ def main() -> int:
     if url is None:
         extra = ["--device", args.device, "--max-concurrency", str(max(args.concurrency) + 8)]
         extra += ["--model-dir", args.model_dir] if args.model_dir else []
-        extra += ["--model", args.model, "--stage-overrides",
-                  json.dumps({"0": {"default_sampling_params": {"ignore_eos": True, "stop_token_ids": []}}})] if model else []
+        extra += ["--model", args.model, "--stage-overrides", json.dumps(FIXED_LENGTH)] if model else []
         extra += ["--chunk-frames", str(args.chunk_frames)] if args.chunk_frames else []
         env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
         server = ServerProcess(extra, env=env, cwd=ROOT).start()
         url = server.url
     startup = time.perf_counter() - t_start
-    if model is not None:
-        args.model_name, args.speakers = model["name"], model["speakers"]
     try:
-        asyncio.run(level(url, 1, 2, args))  # warm-up, not counted
-        rows = [asyncio.run(level(url, c, max(args.min_requests, c), args)) for c in args.concurrency]
+        rows = asyncio.run(served_levels(url, args))
     finally:
         status = server.stop() if server is not None else None
-    walls, inproc, inproc_cmd = [], None, None
+    walls, inproc, inproc_cmd, inproc_start = [], None, None, None
     if model is None and args.run_baseline:
         walls = run_baseline(args.run_baseline, args.device, args.model_dir, args.max_tokens)
     if model is not None and not args.no_inproc:
-        inproc, inproc_cmd = inproc_rows(args)
+        inproc, inproc_cmd, inproc_start = inproc_rows(args)
     per_run = statistics.median(walls) if walls else None
     for row in rows:
         if per_run is not None:
             row["run_one_by_one_s"] = round(per_run * row["requests"], 1)
             row["speedup_vs_run"] = round(per_run * row["requests"] / row["wall_s"], 1)
-        match = [r for r in inproc or [] if r.get("concurrency") == row["concurrency"]
-                 and r.get("request_seeds", "none") == "none"]
-        if match:
-            row.update(inproc_ttfa_ms=round(match[0]["ttfa_ms"], 1), inproc_rtf=round(match[0]["rtf"], 3),
-                       inproc_audio_s_per_s=round(match[0]["audio_s_per_s"], 3))
+        for match in [r for r in inproc or [] if r.get("concurrency") == row["concurrency"]][:1]:
+            compare(row, match)
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
               "cpus": os.cpu_count(), "device": args.device, "max_tokens": args.max_tokens,
               "server_start_s": round(startup, 1) if server else None, "server_exit_status": status,
               "run_walls_s": [round(w, 1) for w in walls], "levels": rows}
     if model is not None:
-        report.update(model=model, frames=args.frames, inproc_command=inproc_cmd,
+        report.update(model=model, frames=args.frames, inproc_command=inproc_cmd, inproc_graph_start_s=inproc_start,
+                      inproc_levels=[r for r in inproc or [] if "error" not in r],
                       inproc_errors=[r["error"] for r in inproc or [] if "error" in r])
     cols = ("concurrency", "requests", "ok", "wall_s", "ttfa_p50_s", "ttfa_p99_s", "rtf_p50", "rtf_p99",
             "audio_s_per_s", "underruns")
-    cols += (("inproc_ttfa_ms", "inproc_rtf", "inproc_audio_s_per_s") if model is not None else
-             ("run_one_by_one_s", "speedup_vs_run"))
+    cols += (("inproc_ttfa_ms", "inproc_rtf", "inproc_audio_s_per_s", "ttfa_vs_inproc", "rtf_vs_inproc",
+              "audio_s_per_s_vs_inproc") if model is not None else ("run_one_by_one_s", "speedup_vs_run"))
+    ok = all(r["ok"] == r["requests"] for r in rows) and not (model and not args.no_inproc and (
+        report["inproc_errors"] or not all(r["ok"] == r["requests"] for r in report["inproc_levels"])))
+    return finish(args, report, rows, cols, ok)
+
+
+def inproc_main(args: argparse.Namespace, model: dict) -> int:
+    """``--inproc-only``: the in-process rows (:func:`inproc_levels`) as this script's report."""
+    rows, startup = asyncio.run(inproc_levels(args))
+    report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
+              "cpus": os.cpu_count(), "device": args.device, "side": "inproc", "model": model, "frames": args.frames,
+              "graph_start_s": round(startup, 1), "levels": rows}
+    cols = ("concurrency", "requests", "ok", "wall_s", "ttfa_p50_s", "ttfa_p99_s", "rtf_p50", "rtf_p99",
+            "audio_s_per_s", "underruns")
+    return finish(args, report, rows, cols, all(r["ok"] == r["requests"] for r in rows))
+
+
+def finish(args: argparse.Namespace, report: dict, rows: list[dict], cols: tuple[str, ...], ok: bool) -> int:
+    """Print the table and the JSON report, write ``--json`` and the record; the exit status (0: every request
+    of every level ok)."""
     print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for row in rows:
         print("| " + " | ".join(str(row.get(c, "")) for c in cols) + " |")
@@ -266,7 +396,7 @@ def main() -> int:
     from record import write_record
 
     write_record(__file__, report, device=args.device)
-    return 0 if all(r["ok"] == r["requests"] for r in rows) else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@ option -- before any engine or checkpoint work (each case returns in seconds). O
 their options are listed; ``bench_core_runner.py`` and ``bench_pipeline.py`` (other owners) do not yet
 range-check theirs (``--rounds 0`` ends in ``StatisticsError`` after the engines ran).
 
+``bench_serve.py`` runs with ``--model`` on the tiny Qwen3-TTS checkpoint (written for it): a server and, after it,
+the same stage graph in a process of its own (the in-process rows); both sides' figures and their ratios must be
+there and > 0.
+
 ``bench_qwen3_tts.py`` has a second row, ``--engines async`` (two ``AsyncLLM``, engine cores spawned), which
 runs once ``core.stage.make_async_engine`` is in the tree and is skipped, saying so, before.
 
@@ -46,8 +50,7 @@ TIMEOUT_S = 600
 #: bench/ modules that are helpers, not benchmark scripts
 HELPERS = {"static_graph.py", "arg_checks.py", "record.py"}
 #: bench scripts without a row yet, and why (each one a gap to close, listed so it is seen)
-NOT_YET_SMOKED = {"bench_serve.py": "starts a server (~85 s of engine start on cpu) and prints Markdown before "
-                                    "its JSON; its row is still to write"}
+NOT_YET_SMOKED: dict[str, str] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +67,8 @@ class Bench:
     name: str | None = None
     #: why this row cannot run in this tree, or None (checked before the scripts start)
     unavailable: Callable[[], str | None] = lambda: None
+    #: makes the row's inputs in the given folder before the script starts; returns arguments appended to ``args``
+    inputs: Callable[[pathlib.Path], tuple[str, ...]] | None = None
 
     @property
     def id(self) -> str:
@@ -84,6 +89,28 @@ _QWEN3_FIGURES = (("TTFA ms, concurrency 1", lambda d: d["rows"][0]["ttfa_ms"]),
                   ("code2wav ms per chunk, concurrency 2", lambda d: d["rows"][1]["code2wav_ms_per_chunk"]))
 _QWEN3_ARGS = ("--size", "tiny", "--device", "cpu", "--frames", "8", "--chunk-frames", "4", "--concurrency", "1,2",
                "--reps", "1")
+
+
+def _tiny_qwen3_tts(folder: pathlib.Path) -> tuple[str, ...]:
+    from tests.fixtures.qwen3_tts.tiny_checkpoint import create_tiny_qwen3_tts
+
+    folder.mkdir()
+    return ("--model", create_tiny_qwen3_tts(str(folder / "Qwen3-TTS-tiny-CustomVoice")))
+
+
+#: bench_serve.py --model: the served rows (over HTTP) and the in-process rows (the same stage graph, no HTTP)
+_SERVE_QWEN3_FIGURES = (("served TTFA s, concurrency 1", lambda d: d["levels"][0]["ttfa_p50_s"]),
+                        ("served RTF, concurrency 2", lambda d: d["levels"][1]["rtf_p50"]),
+                        ("served audio-s/s, concurrency 2", lambda d: d["levels"][1]["audio_s_per_s"]),
+                        ("in-process TTFA ms, concurrency 1", lambda d: d["levels"][0]["inproc_ttfa_ms"]),
+                        ("in-process RTF, concurrency 1", lambda d: d["levels"][0]["inproc_rtf"]),
+                        ("in-process audio-s/s, concurrency 2", lambda d: d["levels"][1]["inproc_audio_s_per_s"]),
+                        ("TTFA served / in-process, concurrency 1", lambda d: d["levels"][0]["ttfa_vs_inproc"]),
+                        ("RTF served / in-process, concurrency 2", lambda d: d["levels"][1]["rtf_vs_inproc"]),
+                        ("audio-s/s served / in-process, concurrency 2",
+                         lambda d: d["levels"][1]["audio_s_per_s_vs_inproc"]),
+                        ("in-process requests ok, concurrency 2", lambda d: d["inproc_levels"][1]["ok"]),
+                        ("in-process graph start s", lambda d: d["inproc_graph_start_s"]))
 
 
 BENCHES = [
@@ -112,6 +139,9 @@ BENCHES = [
           "bench_qwen3_tts.json",
           frozenset({"info", "rows", "anchors"}), _QWEN3_FIGURES, name="bench_qwen3_tts.py-async",
           unavailable=_no_async_factory),
+    Bench("bench_serve.py", ("--device", "cpu", "--concurrency", "1", "2", "--frames", "4", "--min-requests", "2"),
+          None, frozenset({"levels", "inproc_levels", "inproc_errors", "model"}), _SERVE_QWEN3_FIGURES,
+          name="bench_serve.py-qwen3-tts", inputs=_tiny_qwen3_tts),
 ]
 #: scripts that need CUDA (one or two GPUs) and run only on the GPU machine, with why
 GPU_ONLY = {"bench_cuda.py": "the cuda driver's graph replay and copies (torch CUDA, no vLLM)",
@@ -134,6 +164,7 @@ BAD_INPUT = [
     ("bench_serve.py", ("--device", "cuda"), "--device"),
     ("bench_serve.py", ("--concurrency", "1", "0"), "--concurrency"),
     ("bench_serve.py", ("--max-tokens", "0"), "--max-tokens"),
+    ("bench_serve.py", ("--inproc-only",), "--inproc-only"),  # without --model
     ("bench_pipeline.py", ("--device", "cuda"), "--device"),
     ("bench_pipeline.py", ("--rounds", "0"), "--rounds"),
 ]
@@ -167,7 +198,8 @@ def _json_from_stdout(text: str) -> Any:
 
 @pytest.fixture(scope="module")
 def bench_runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
-    """``run(script) -> (returncode, stdout, stderr, out_dir)``; every runnable script starts at the first call."""
+    """``run(row id) -> (returncode, stdout, stderr, out_dir)``; every runnable row this session selected (``-k``
+    deselects rows) starts at the first call, concurrently; a row not started then starts when asked for."""
     from omni_backends.testing.plugin import selected_device
 
     if selected_device(request.config) != "cpu":
@@ -176,14 +208,20 @@ def bench_runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixture
     procs: dict[str, tuple[subprocess.Popen, pathlib.Path, pathlib.Path]] = {}
     done: dict[str, tuple[int | str, str, str, pathlib.Path]] = {}
 
-    def start() -> None:
+    selected = {item.callspec.params["bench"].id for item in request.session.items
+                if getattr(item, "originalname", None) == "test_bench_script_runs_and_writes_its_json"
+                and hasattr(item, "callspec")}
+
+    def start(ids: set[str]) -> None:
         for b in BENCHES:
-            if b.unavailable() is not None:
+            if b.id not in ids or b.id in procs or b.unavailable() is not None:
                 continue
             out = base / b.id.removesuffix(".py")
             out.mkdir()
             log = base / f"{b.id}.stderr"
-            args = [sys.executable, str(BENCH / b.script), *b.args] + (["--out", str(out)] if b.json_file else [])
+            extra = b.inputs(base / f"{b.id}.inputs") if b.inputs is not None else ()
+            args = [sys.executable, str(BENCH / b.script), *b.args, *extra]
+            args += ["--out", str(out)] if b.json_file else []
             env = {**_env(), "BENCH_RESULTS_DIR": str(out / "results")}
             with open(log, "w") as err, open(out / "stdout.txt", "w") as so:
                 procs[b.id] = (subprocess.Popen(args, cwd=ROOT, env=env, stdout=so, stderr=err, text=True),
@@ -191,7 +229,9 @@ def bench_runs(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixture
 
     def run(name: str):
         if not procs:
-            start()
+            start(selected | {name})
+        if name not in procs:
+            start({name})
         if name not in done:
             proc, out, log = procs[name]
             try:

@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from core.pipeline.config import RunConfig
+from core.pipeline.config import GraphConfig, RunConfig
 from core.serving.request_limits import DEFAULT_MAX_BODY_BYTES
 from omni_backends.errors import BadInputError
 
@@ -92,6 +92,15 @@ class ServeConfig:
         RunConfig(device=self.device, model=self.model, model_dir=self.model_dir, enforce_eager=self.enforce_eager,
                   stage_overrides=self.stage_overrides,
                   graph_mode=self.graph_mode, runner=self.runner, seed=self.seed)
+
+    def graph_config(self, device: str) -> GraphConfig:
+        """The stage graph this server starts (:class:`core.pipeline.config.GraphConfig`) on ``device`` (the
+        selected driver's name), vLLM's stats off (:func:`serve` adds its per-stage loggers); the one place
+        the serve options become the graph's, also for a caller that drives the same graph in its own process
+        (``bench/bench_serve.py --inproc-only``). Raises :class:`BadInputError` as ``GraphConfig``'s check."""
+        return GraphConfig(model=self.model, model_dir=self.model_dir, device=device, chunk_frames=self.chunk_frames,
+                           seed=self.seed, enforce_eager=self.enforce_eager, graph_mode=self.graph_mode,
+                           runner=self.runner, stage_overrides=self.stage_overrides)
 
 
 def served_model_name(model: str | None) -> str:
@@ -179,7 +188,7 @@ async def serve(cfg: ServeConfig, say: Callable[[str], None] | None = None) -> i
     and :class:`BadInputError` for a port it cannot bind, before any engine starts."""
     import uvicorn
 
-    from core.pipeline.graph import GraphConfig, StageGraph
+    from core.pipeline.graph import StageGraph
     from core.serving.app import ServerState, build_app
     from core.serving.draining import DrainingServer
     from core.serving.metrics import ServingMetrics, stage_stat_logger
@@ -194,9 +203,7 @@ async def serve(cfg: ServeConfig, say: Callable[[str], None] | None = None) -> i
     model_name = cfg.model_name or served_model_name(cfg.model)
     sel = select(cfg.device)  # cheap: no vendor stack imported yet
     say(f"device: {sel.name} ({sel.rule}): {sel.reason}")
-    graph_cfg = GraphConfig(model=cfg.model, model_dir=cfg.model_dir, device=sel.name, chunk_frames=cfg.chunk_frames,
-                            seed=cfg.seed, enforce_eager=cfg.enforce_eager, graph_mode=cfg.graph_mode,
-                            runner=cfg.runner, stage_overrides=cfg.stage_overrides)
+    graph_cfg = cfg.graph_config(sel.name)
     from prometheus_client import CollectorRegistry
 
     registries: dict[str, Any] = {stage: CollectorRegistry() for stage in spec.stage_names}
