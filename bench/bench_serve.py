@@ -246,8 +246,8 @@ def inproc_rows(args: argparse.Namespace) -> tuple[list[dict], str, float | None
                "BENCH_RECORD_NESTED": "1"}
         p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
         shown = " ".join(cmd[1:-2])  # without the temporary --json
-        if p.returncode != 0 or not os.path.isfile(out):
-            return [{"error": (p.stdout + p.stderr)[-1500:]}], shown, None
+        if not os.path.isfile(out):  # it ended before its report (a failed request is in its rows: exit 1)
+            return [{"error": f"exit status {p.returncode}: " + (p.stdout + p.stderr)[-1500:]}], shown, None
         with open(out) as f:
             report = json.load(f)
         return report["levels"], shown, report.get("graph_start_s")
