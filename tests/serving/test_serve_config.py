@@ -9,11 +9,11 @@ from core.pipeline.config import GraphConfig
 from core.serving.server import ServeConfig
 
 
-def test_graph_config_carries_every_engine_option_of_serve() -> None:
-    cfg = ServeConfig(device="cpu", model_dir="/tmp/demo-models", chunk_frames=7, enforce_eager=True,
+def test_graph_config_carries_every_engine_option_of_serve(test_device: str) -> None:
+    cfg = ServeConfig(device=test_device, model_dir="/tmp/demo-models", chunk_frames=7, enforce_eager=True,
                       graph_mode="none", runner="v1", seed=123,
                       stage_overrides={"0": {"default_sampling_params": {"ignore_eos": True}}})
-    g = cfg.graph_config("cpu")
+    g = cfg.graph_config(test_device)
     assert isinstance(g, GraphConfig)
     # every GraphConfig field that ServeConfig also has comes from it; the rest are the graph's own defaults
     # except the device (the selected driver's name) -- so a new engine option on both cannot be left behind
@@ -22,4 +22,4 @@ def test_graph_config_carries_every_engine_option_of_serve() -> None:
                                    "runner", "stage_overrides"}
     for name in shared - {"device"}:
         assert getattr(g, name) == getattr(cfg, name), name
-    assert g.device == "cpu" and g.stat_loggers is None  # vLLM's stats: serve adds its loggers itself
+    assert g.device == test_device and g.stat_loggers is None  # vLLM's stats: serve adds its loggers itself
