@@ -28,7 +28,7 @@
 #   serve-qwen3     `omni-backends serve --model DIR` on released-layout CustomVoice checkpoints (random bf16 weights at
 #                   the 1.7B / 0.6B shapes, SERVE_SIZES, default "1.7b 0.6b"; written under /tmp once per machine),
 #                   bench/bench_serve.py --model over HTTP at concurrency 1/8/64, SERVE_FRAMES frames (default 96):
-#                   TTFA, RTF, audio-s/s, p50/p99, beside bench_qwen3_tts.py's in-process loop on the same checkpoint
+#                   TTFA, RTF, audio-s/s, p50/p99, beside the same stage graph driven in-process (no HTTP), ratios
 #   serving-qwen3   pytest --device cuda tests/serving/test_serve_qwen3_tts.py (tiny released-layout checkpoints served
 #                   over HTTP: codes vs vLLM-Omni's classes, streaming, 16 concurrent, disconnect, 400s, run --model)
 #   mainjobs        five `omni-backends run --device cuda` back to back (vLLM's defaults), one seed: every exit
