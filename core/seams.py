@@ -97,8 +97,11 @@ REQUEST_STATE_MAKE_OUTPUT = VendorSymbol("vllm.v1.engine.output_processor", "Req
 REQUEST_STATE_OUTPUT_KIND = _attr("vllm.v1.engine.output_processor", "RequestState.output_kind")
 COLLECTOR_PUT = _call("vllm.v1.engine.output_processor", "RequestOutputCollector.put", "output")
 COLLECTOR_AGGREGATE = _attr("vllm.v1.engine.output_processor", "RequestOutputCollector.aggregate")
+#: the engine argument the factory sets for a driver whose generators cannot rewind (core.stage.engine_defaults)
+ENABLE_CHUNKED_PREFILL = _attr("vllm.engine.arg_utils", "EngineArgs.enable_chunked_prefill")
 ENGINE_SYMBOLS = (ASYNC_SCHEDULER, ASYNC_SCHEDULING, ASYNC_MODEL_RUNNER_OUTPUT, ASYNC_GET_OUTPUT,
-                  REQUEST_STATE_MAKE_OUTPUT, REQUEST_STATE_OUTPUT_KIND, COLLECTOR_PUT, COLLECTOR_AGGREGATE)
+                  REQUEST_STATE_MAKE_OUTPUT, REQUEST_STATE_OUTPUT_KIND, COLLECTOR_PUT, COLLECTOR_AGGREGATE,
+                  ENABLE_CHUNKED_PREFILL)
 
 # ------------------------------------------------------------------ the pipeline's engine lifecycle
 ENGINE_CORE_PROCESSES = _attr("vllm.v1.engine.utils", "CoreEngineProcManager.processes")

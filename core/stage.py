@@ -181,9 +181,27 @@ def check_engine_choices(choices: EngineChoices, backend: Any, env: Mapping[str,
     return runner
 
 
+def engine_defaults(backend: Any, engine_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Engine arguments the driver's facts set where the caller's ``engine_kwargs`` leave them to vLLM.
+
+    A driver whose generators have no offset (``capabilities().generator_offsets`` False, e.g. a CPU
+    ``torch.Generator``) gets ``enable_chunked_prefill=False``: vLLM's V1 model runner rewinds a seeded request's
+    generator by offset (``GPUModelRunner._bookkeeping_sync``: ``set_offset(get_offset() - 4)``) when it discards
+    the token sampled for a prefill split over steps, which raises ``RuntimeError`` there and kills the engine
+    core. Without chunked prefill vLLM's scheduler splits no prompt (a prompt waits for a step with room) and,
+    unless ``max_num_batched_tokens`` is given, sets it to at least ``max_model_len``
+    (``EngineArgs._set_default_args``); a smaller one given is vLLM's ``ValueError``. A caller's own
+    ``enable_chunked_prefill`` is kept (True: seeded requests may then fail on such a driver).
+    Returns the arguments to add; imports nothing."""
+    if "enable_chunked_prefill" in engine_kwargs or backend.capabilities().generator_offsets:
+        return {}
+    return {"enable_chunked_prefill": False}
+
+
 @contextlib.contextmanager
 def _checked_build(model: str, kind: str, device: str | None, engine_kwargs: dict[str, Any]) -> Iterator[Selection]:
-    """The checks every engine factory makes, in order, before any engine starts; yields the selection inside
+    """The checks every engine factory makes, in order, before any engine starts, and the driver's engine
+    defaults (:func:`engine_defaults`, added to ``engine_kwargs``); yields the selection inside
     :func:`~omni_backends.probing.blame_import_failures` (the factory imports and builds vLLM's engine there)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -194,6 +212,7 @@ def _checked_build(model: str, kind: str, device: str | None, engine_kwargs: dic
 
     with blame_import_failures():
         sel = prepare_device(device)
+        engine_kwargs.update(engine_defaults(sel.backend, engine_kwargs))
         check_engine_fits(sel, engine_kwargs, os.environ)  # "needs K devices, only M visible" before any worker starts
         cc = engine_kwargs.get("compilation_config")
         mode = cc.get("cudagraph_mode") if isinstance(cc, dict) else getattr(cc, "cudagraph_mode", None)
@@ -214,7 +233,9 @@ def make_engine(model: str, *, kind: str = AR, device: str | None = None, output
     ``pipeline_parallel_size`` 1): otherwise ``ValueError`` before vLLM starts.
 
     ``engine_kwargs`` go to ``vllm.LLM`` (e.g. ``dtype``, ``max_model_len``,
-    ``enforce_eager``, ``tensor_parallel_size``). Request outputs carry
+    ``enforce_eager``, ``tensor_parallel_size``), with the driver's defaults
+    where they leave a choice to vLLM (:func:`engine_defaults`: chunked prefill
+    off where the device's generators cannot rewind). Request outputs carry
     ``multimodal_outputs`` (name -> tensor, per request).
     Raises, before vLLM is imported, ``ValueError`` for an unknown ``kind``, an
     empty ``model`` or a numeric argument out of range (:func:`check_engine_args`),
@@ -246,7 +267,7 @@ def make_engine(model: str, *, kind: str = AR, device: str | None = None, output
 def make_async_engine(model: str, *, kind: str = AR, device: str | None = None, **engine_kwargs: Any) -> Any:
     """A vLLM ``AsyncLLM`` (``vllm.v1.engine.async_llm``) for ``model`` whose workers run the omni runner of ``kind``.
 
-    The same checks as :func:`make_engine`, in the same order, before vLLM is
+    The same checks and driver defaults as :func:`make_engine`, in the same order, before vLLM is
     imported or started (same errors); then
     ``AsyncLLM.from_engine_args(AsyncEngineArgs(model, worker_cls=, scheduler_cls=, **engine_kwargs))``
     and :func:`core.engine.attach_omni_frontend`. ``engine_kwargs`` are

@@ -136,6 +136,13 @@ class Capabilities:
       where this is False.
     - ``v1_runner`` / ``v2_runner``: vLLM's V1 / V2 model runner can run.
     - ``talker_mtp_graph``: the talker MTP head may be graph-captured.
+    - ``generator_offsets``: the device's ``torch.Generator`` has an offset
+      (``get_offset`` / ``set_offset``, as CUDA's Philox generators). vLLM's
+      V1 model runner rewinds a seeded request's generator by offset when it
+      discards the token sampled for a prefill split over steps
+      (``GPUModelRunner._bookkeeping_sync``); where this is False (a CPU
+      generator) the core's engine factory turns vLLM's chunked prefill off
+      (``EngineArgs.enable_chunked_prefill=False``) unless the caller sets it.
     """
 
     static_graph_modes: tuple[str, ...] = ()
@@ -146,6 +153,7 @@ class Capabilities:
     v2_runner: bool = False
     talker_mtp_graph: bool = False
     events: bool = False
+    generator_offsets: bool = True
 
     @property
     def static_graphs(self) -> bool:

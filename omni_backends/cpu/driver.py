@@ -38,6 +38,7 @@ _CAPABILITIES = Capabilities(
     v2_runner=False,  # vLLM's V2 runner needs a Triton CPU backend (not on PyPI)
     talker_mtp_graph=False,
     events=True,  # _CpuEvent: CPU work is complete when issued
+    generator_offsets=False,  # torch's CPU generator (Mersenne Twister) has no offset to rewind
 )
 
 

@@ -105,6 +105,7 @@ class SimDevBackend(VllmUpstreamBackend):
             v2_runner=False,
             talker_mtp_graph=True,
             events=True,  # SimEvent
+            generator_offsets=False,  # simulated on CPU tensors: torch's CPU generator has no offset
         )
 
     # ----------------------------------------------------------- device ops
