@@ -173,6 +173,22 @@ part_qwen3() {  # vLLM-Omni's Qwen3-TTS classes only, the variants in OMNI_TEST_
   local rc=$?; echo "rc=$rc" >> "$d/log.txt"; tail -15 "$d/log.txt"; return $rc
 }
 
+qwen3_checkpoint() {  # SIZE LOG: echo the released-layout CustomVoice checkpoint of SIZE under /tmp, written once per
+  # machine (random bf16 weights drawn on the device, core.models.qwen3_tts.checkpoint_writer); status 1 when it could
+  # not be written (time or failure, said in LOG)
+  local size=$1 log=$2 rc t0
+  local ckpt; ckpt="/tmp/Qwen3-TTS-12Hz-$(echo "$size" | tr a-z A-Z)-CustomVoice"
+  if [ ! -f "$ckpt/config.json" ]; then
+    if (( $(left) < 150 )); then echo "$size: checkpoint not written (time)" | tee -a "$log" "$OUT/not-run.txt" >&2; return 1; fi
+    t0=$SECONDS
+    timeout 150 python3 -c "import sys; from core.models.qwen3_tts.checkpoint_writer import write_qwen3_tts as w; from omni_backends.registry import select; w(sys.argv[1], sys.argv[2], backend=select('cuda').backend, progress=print)" \
+        "$ckpt" "$size" >> "$log" 2>&1
+    rc=$?; echo "$size: checkpoint rc=$rc $((SECONDS - t0)) s ($(du -sh "$ckpt" 2>/dev/null | cut -f1))" | tee -a "$log" >&2
+    [ $rc -ne 0 ] && return 1
+  fi
+  echo "$ckpt"
+}
+
 part_qwen3_size() {  # QWEN3_SIZES (default "1.7b 0.6b"), QWEN3_RUNNERS (default "v2 v1"), QWEN3_REQUEST_SEEDS
   # (default "none,per-request"), QWEN3_BENCH_ARGS (e.g. --model-inner-compile), QWEN3_TAG (the log folder becomes
   # qwen3-size-$QWEN3_TAG, so two settings can run in one command)
@@ -180,15 +196,7 @@ part_qwen3_size() {  # QWEN3_SIZES (default "1.7b 0.6b"), QWEN3_RUNNERS (default
   header qwen3-size > "$d/log.txt"
   local size runner rc t0
   for size in ${QWEN3_SIZES:-1.7b 0.6b}; do
-    local ckpt; ckpt="/tmp/Qwen3-TTS-12Hz-$(echo "$size" | tr a-z A-Z)-CustomVoice"  # serve-qwen3's too
-    if [ ! -f "$ckpt/config.json" ]; then
-      if (( $(left) < 150 )); then echo "$size: checkpoint not written (time)" | tee -a "$d/log.txt" "$OUT/not-run.txt"; continue; fi
-      t0=$SECONDS
-      timeout 120 python3 -c "import sys; from core.models.qwen3_tts.checkpoint_writer import write_qwen3_tts as w; from omni_backends.registry import select; w(sys.argv[1], sys.argv[2], backend=select('cuda').backend, progress=print)" \
-          "$ckpt" "$size" >> "$d/log.txt" 2>&1
-      rc=$?; echo "$size: checkpoint rc=$rc $((SECONDS - t0)) s ($(du -sh "$ckpt" 2>/dev/null | cut -f1))" | tee -a "$d/log.txt"
-      [ $rc -ne 0 ] && continue
-    fi
+    local ckpt; ckpt=$(qwen3_checkpoint "$size" "$d/log.txt") || continue
     for runner in ${QWEN3_RUNNERS:-v2 v1}; do
       if (( $(left) < 150 )); then echo "$size $runner: not started (time)" | tee -a "$d/log.txt" "$OUT/not-run.txt"; continue; fi
       t0=$SECONDS
@@ -209,17 +217,9 @@ part_qwen3_size() {  # QWEN3_SIZES (default "1.7b 0.6b"), QWEN3_RUNNERS (default
 part_serve_qwen3() {  # SERVE_SIZES (default "1.7b 0.6b"), SERVE_FRAMES (default 96), SERVE_ARGS (more bench_serve.py args)
   local d="$OUT/serve-qwen3"; mkdir -p "$d"
   header serve-qwen3 >> "$d/log.txt"
-  local size ckpt rc t0 up
+  local size ckpt rc t0
   for size in ${SERVE_SIZES:-1.7b 0.6b}; do
-    up=$(echo "$size" | tr a-z A-Z); ckpt="/tmp/Qwen3-TTS-12Hz-$up-CustomVoice"
-    if [ ! -f "$ckpt/config.json" ]; then
-      if (( $(left) < 200 )); then echo "$size: checkpoint not written (time)" | tee -a "$d/log.txt" "$OUT/not-run.txt"; continue; fi
-      t0=$SECONDS
-      timeout 150 python3 -c "import sys; from core.models.qwen3_tts.checkpoint_writer import write_qwen3_tts as w; from omni_backends.registry import select; w(sys.argv[1], sys.argv[2], backend=select('cuda').backend, progress=print)" \
-          "$ckpt" "$size" >> "$d/log.txt" 2>&1
-      rc=$?; echo "$size: checkpoint rc=$rc $((SECONDS - t0)) s ($(du -sh "$ckpt" 2>/dev/null | cut -f1))" | tee -a "$d/log.txt"
-      [ $rc -ne 0 ] && continue
-    fi
+    ckpt=$(qwen3_checkpoint "$size" "$d/log.txt") || continue
     if (( $(left) < 200 )); then echo "$size: serve not started (time)" | tee -a "$d/log.txt" "$OUT/not-run.txt"; continue; fi
     t0=$SECONDS
     # shellcheck disable=SC2086
