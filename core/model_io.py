@@ -57,6 +57,8 @@ def split_output(output: Any) -> tuple[Any, dict[str, Any]]:
     own dict is returned, not a copy. Nested ``{category: {qualifier: value}}``
     dicts are kept as they are.
     """
+    if type(output) is OmniOutput:  # the core's own, every step of an omni model: read without attribute probes
+        return output[0], output[1] or {}
     if isinstance(output, torch.Tensor):
         return output, {}
     if hasattr(output, "text_hidden_states") and hasattr(output, "multimodal_outputs"):
@@ -204,19 +206,12 @@ class ModelOutputAdapter:
     # ---------------------------------------------------------------- every call
     def _on_output(self, args: Any, kwargs: dict[str, Any], output: Any) -> torch.Tensor:
         self.calls += 1
-        if args:
-            signature = call_signature(args, kwargs)
-        else:  # vLLM calls with keywords: call_signature's tuple, read here
-            signature = (isinstance(kwargs.get("input_ids"), torch.Tensor),
-                         isinstance(kwargs.get("inputs_embeds"), torch.Tensor))
+        signature = call_signature(args, kwargs)
         if signature != self._signature:
             if self._signature is not None:
                 raise ModelCallSignatureError(type(self._model).__name__, self._signature, signature)
             self._signature = signature
-        if type(output) is OmniOutput:  # ours: split_output's answer, read here
-            hidden, mm = output[0], output[1] or {}
-        else:
-            hidden, mm = split_output(output)
+        hidden, mm = split_output(output)
         if hidden is None:
             hidden = self._zeros(*_num_tokens(args, kwargs))
         persistent = self.persistent
