@@ -29,7 +29,7 @@ import time
 CHILD = r"""
 import asyncio, json, os, sys, time
 side, demo, device = sys.argv[1], sys.argv[2], sys.argv[3]
-from core.pipeline.config import ENGINE_KW, TALKER_MAX_MODEL_LEN, THINKER_MAX_MODEL_LEN
+from core.pipeline.declarations.demo import ENGINE_KW, TALKER_MAX_MODEL_LEN, THINKER_MAX_MODEL_LEN
 from core.pipeline.graph import _stage_memory
 from core.stage import make_async_engine, make_engine, prepare_device
 from core.pipeline.release import release_engine
@@ -104,7 +104,7 @@ def main() -> None:
     ap.add_argument("--demo-dir", default=None, help="demo models (default: created in a temporary folder)")
     a = ap.parse_args()
     from arg_checks import require_in_range, require_usable_device
-    from core.pipeline.config import THINKER_MAX_MODEL_LEN
+    from core.pipeline.declarations.demo import THINKER_MAX_MODEL_LEN
 
     require_in_range(ap, "--rounds", a.rounds, 1)
     require_in_range(ap, "--max-tokens", a.max_tokens, 1, THINKER_MAX_MODEL_LEN - 1)

@@ -23,7 +23,7 @@ and per level: audio seconds delivered per wall second (audio-s/s), p50 / p99 of
   ``--no-inproc``: the in-process rows, from a child process (this script with ``--inproc-only``, after the
   server stopped) that starts the same stage graph as the server (``ServeConfig.graph_config``, then
   ``StageGraph.start``) and sends the same request bodies, at the same levels, through the server's request
-  path minus HTTP (``parse_tts_speech`` -> ``StageGraph.check`` -> ``StageGraph.synthesize``), measured the same
+  path minus HTTP (``graph.spec.speech.parse`` -> ``StageGraph.check`` -> ``StageGraph.synthesize``), measured the same
   way on its own clock (TTFA: the body taken -> the first ``AudioChunk`` received; RTF; audio-s/s); vLLM's
   per-stage stats loggers (the server's ``/metrics``) are off there, as SSE encoding and HTTP are. Columns
   ``inproc_ttfa_ms`` / ``inproc_rtf`` / ``inproc_audio_s_per_s`` (p50 / p50 / per level) and the ratios served /
@@ -119,19 +119,18 @@ def request_figures(t0: float, t1: float, arrivals: list[float], durations: list
 
 
 async def one_inproc(graph, body: dict, model_name: str) -> dict:
-    """``body`` through the server's request path minus HTTP (``core.serving.protocol.parse_tts_speech``, then
+    """``body`` through the server's request path minus HTTP (the declaration's ``graph.spec.speech.parse``, then
     ``graph.check`` and ``graph.synthesize`` under a fresh request id, as ``core.serving.app.SpeechHandler``),
     measured as :func:`one` measures a served request: ``t0`` when the body is taken, an arrival per
     ``AudioChunk`` received, the end at the ``SpeechResult``."""
     from core.pipeline.graph import AudioChunk
-    from core.serving.protocol import parse_tts_speech
 
     sr = int(graph.sample_rate)
     t0 = time.perf_counter()
     arrivals, durations, done = [], [], False
     try:
-        opts = parse_tts_speech(body, model_name=model_name, sample_rate=sr)
         rid = f"speech-{uuid.uuid4().hex}"
+        opts = graph.spec.speech.parse(body, model_name=model_name, model=graph.model, request_id=rid)
         graph.check(opts.request, request_id=rid)
         async for item in graph.synthesize(opts.request, request_id=rid):
             if isinstance(item, AudioChunk):
@@ -303,7 +302,7 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="also write the report here")
     args = ap.parse_args()
     from arg_checks import require_in_range, require_usable_device
-    from core.pipeline.config import TALKER_MAX_MODEL_LEN, THINKER_MAX_MODEL_LEN
+    from core.pipeline.declarations.demo import TALKER_MAX_MODEL_LEN, THINKER_MAX_MODEL_LEN
 
     args.concurrency = args.concurrency or ([1, 8, 32] if args.model is None else [1, 8, 64])
     require_in_range(ap, "--concurrency", args.concurrency, 1)

@@ -38,62 +38,55 @@ Demo models (tiny, random weights, fixed seed; the audio is loud noise, not
 speech) are created on the first run in a demo-v* folder of
 $OMNI_BACKENDS_CACHE (default ~/.cache/omni-backends) unless --model-dir is
 given.
-Ranges: --max-tokens 1..{max_tokens}, --seed 0..2**32-1, --voice
-0..num_voices-1 (the talker's config.json), --chunk-frames 1..{chunk_frames}.
+Ranges: --seed 0..2**32-1, --chunk-frames 1..{chunk_frames}; a pipeline's own
+request options (each declared by its pipeline) say theirs below.
 """
 
 
-#: options only a checkpoint's request reads (``--model``) -> the demo's nearest option, if any
-CHECKPOINT_ONLY_OPTIONS = {"language": None, "instructions": None, "task_type": None,
-                           "max_new_tokens": "--max-tokens"}
-#: options only the demo reads -> the checkpoint's nearest option, if any
-DEMO_ONLY_OPTIONS = {"max_tokens": "--max-new-tokens"}
-
-
 def refuse_other_pipelines_options(args: argparse.Namespace) -> None:
-    """Refuse an option the chosen pipeline would not read (so it is never silently ignored): with ``--model``
-    (a checkpoint) the demo's ``--max-tokens`` (``--model-dir`` with it is RunConfig's own check); without it
-    a checkpoint's ``--language`` / ``--instructions`` / ``--task-type`` / ``--max-new-tokens`` and a speaker
-    name as ``--voice``. Raises :class:`~omni_backends.errors.BadInputError` (exit 2) naming the option and the
-    one to use."""
+    """Refuse a request option the chosen pipeline would not read (so it is never silently ignored), before any
+    model file is read: each option is declared by the pipelines that read it
+    (:func:`core.pipeline.declarations.request_options`); with ``--model`` (a checkpoint) one only the default
+    pipeline (the demo) reads, without it one the default pipeline does not read. Raises
+    :class:`~omni_backends.errors.BadInputError` (exit 2) naming the option and the one to use (its declared
+    ``instead``). The chosen declaration's ``request_of_run`` refuses the rest (e.g. a speaker name as the
+    demo's ``--voice``)."""
+    from core.pipeline.declarations import DEFAULT, request_options
     from omni_backends.errors import BadInputError
 
     checkpoint = args.model is not None
-    for name, other in (DEMO_ONLY_OPTIONS if checkpoint else CHECKPOINT_ONLY_OPTIONS).items():
+    for name, readers in request_options().items():
         if getattr(args, name, None) is None:
             continue
-        flag = "--" + name.replace("_", "-")
-        if checkpoint:
-            raise BadInputError(f"{flag} is the demo pipeline's option; a checkpoint (--model) takes {other}")
-        raise BadInputError(f"{flag} is a checkpoint's request option: it needs --model DIR"
-                            + (f" (the demo's is {other})" if other else ""))
-    voice = getattr(args, "voice", None)
-    if not checkpoint and isinstance(voice, str) and not _is_integer(voice):
-        raise BadInputError(f"--voice {voice!r}: a speaker name needs --model DIR (a checkpoint's speakers); "
-                            "the demo's voices are numbers, 0..num_voices-1")
+        pipelines = {pipeline for pipeline, _ in readers}
+        flag = readers[0][1].flag
+        instead = next((option.instead for _, option in readers if option.instead), None)
+        if checkpoint and pipelines == {DEFAULT}:
+            raise BadInputError(f"{flag} is the {DEFAULT} pipeline's option; a checkpoint (--model) takes "
+                                + (instead or "no such option"))
+        if not checkpoint and DEFAULT not in pipelines:
+            raise BadInputError(f"{flag} is a checkpoint's request option: it needs --model DIR"
+                                + (f" (the {DEFAULT}'s is {instead})" if instead else ""))
 
 
-def _is_integer(text: str) -> bool:
+def _voice(text: str | None) -> int | str | None:
+    """``--voice``: an id (a number) as an int, a name as given (the declaration reads either)."""
     try:
-        int(text)
+        return None if text is None else int(text)
     except ValueError:
-        return False
-    return True
+        return text
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from core.pipeline import RunConfig, run_pipeline
     from core.pipeline.config import parse_stage_overrides
+    from core.pipeline.declarations import request_options
 
     refuse_other_pipelines_options(args)
-    voice = args.voice if args.voice is not None else (0 if args.model is None else None)
-    if args.model is None and isinstance(voice, str):
-        voice = int(voice)  # the demo's voice id (a number: refuse_other_pipelines_options), range-checked by RunConfig
-    demo = {} if args.max_tokens is None else {"max_tokens": args.max_tokens}
-    cfg = RunConfig(prompt=args.prompt, device=args.device, voice=voice, **demo,
+    options = {name: getattr(args, name) for name in request_options() if getattr(args, name, None) is not None}
+    cfg = RunConfig(prompt=args.prompt, device=args.device, voice=_voice(args.voice), options=options,
                     seed=args.seed, out=args.out, model=args.model, model_dir=args.model_dir,
-                    language=args.language, instructions=args.instructions, task_type=args.task_type,
-                    max_new_tokens=args.max_new_tokens, stage_overrides=parse_stage_overrides(args.stage_overrides),
+                    stage_overrides=parse_stage_overrides(args.stage_overrides),
                     multiprocess=args.multiprocess,
                     enforce_eager=True if args.enforce_eager else None, graph_mode=args.graph_mode, runner=args.runner,
                     chunk_frames=args.chunk_frames)
@@ -135,9 +128,10 @@ def run_result_lines(summary: dict[str, Any]) -> list[str]:
 def add_run_command(sub: Any) -> None:
     from omni_backends.cli import add_device_argument
 
-    from core.pipeline.config import TALKER_MAX_MODEL_LEN, THINKER_MAX_MODEL_LEN
+    from core.pipeline.config import MAX_CHUNK_FRAMES
+    from core.pipeline.declarations import request_options
 
-    description = RUN_HELP.format(max_tokens=THINKER_MAX_MODEL_LEN - 1, chunk_frames=TALKER_MAX_MODEL_LEN)
+    description = RUN_HELP.format(chunk_frames=MAX_CHUNK_FRAMES)
     p = sub.add_parser("run", help="run an omni pipeline: a checkpoint (--model) or the demo", description=description,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_device_argument(p)
@@ -148,17 +142,12 @@ def add_run_command(sub: Any) -> None:
     p.add_argument("--voice", default=None,
                    help="with --model: a speaker of the checkpoint (CustomVoice default: its first); the demo: a "
                         "talker voice id, 0..num_voices-1 (default: 0)")
-    p.add_argument("--language", default=None, help="with --model: the language (vLLM-Omni's 'language'; default Auto)")
-    p.add_argument("--instructions", default=None, help="with --model: how to speak (vLLM-Omni's 'instructions')")
-    p.add_argument("--task-type", default=None, metavar="TYPE",
-                   help="with --model: CustomVoice / VoiceDesign / Base (default: the checkpoint's tts_model_type)")
-    p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
-                   help="with --model: the most codec frames to make (default: the deploy config's)")
+    for readers in request_options().values():  # each pipeline's own request options, as it declares them
+        option = readers[0][1]
+        p.add_argument(option.flag, type=option.type, default=None, metavar=option.metavar, help=option.help)
     p.add_argument("--stage-overrides", default=None, metavar="JSON",
                    help="per-stage overrides of the deploy defaults, as serve's (vLLM-Omni's --stage-overrides), "
                         "e.g. '{\"0\": {\"default_sampling_params\": {\"temperature\": 0}}}'")
-    p.add_argument("--max-tokens", type=int, default=None,
-                   help=f"the demo: thinker tokens to generate, 1..{THINKER_MAX_MODEL_LEN - 1} (default: 32)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed; same seed -> identical out.wav (default: %(default)s)")
     p.add_argument("--out", default="out", help="output directory (default: %(default)s)")
     p.add_argument("--model-dir", default=None, help="demo models folder (default: created in ~/.cache/omni-backends)")
@@ -177,9 +166,9 @@ def add_run_command(sub: Any) -> None:
                    help="vLLM model runner: v1, v2 (sets VLLM_USE_V2_MODEL_RUNNER) or auto, vLLM's choice "
                         "(default: %(default)s)")
     p.add_argument("--chunk-frames", type=int, default=None, metavar="N",
-                   help=f"frames per code2wav request, 1..{TALKER_MAX_MODEL_LEN}: audio streams out every N frames; the "
-                        "demo's audio depends on N only by float rounding (default: the demo's 16; a checkpoint's deploy "
-                        "default)")
+                   help=f"frames per code2wav request, 1..{MAX_CHUNK_FRAMES}: audio streams out every N frames; the "
+                        "demo's audio depends on N only by float rounding (default: the pipeline's: the demo's, a "
+                        "checkpoint's deploy default)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_cmd_run)
 

@@ -423,7 +423,7 @@ def test_python_api_refuses_bad_values_with_value_error_naming_the_argument_befo
         for name, call in {
             "run-seed": lambda: RunConfig(seed=-1),
             "run-voice": lambda: RunConfig(voice=True),
-            "run-tokens": lambda: RunConfig(max_tokens=2.5),
+            "run-tokens": lambda: RunConfig(options={"max_tokens": 2.5}),
             "engine-seed": lambda: make_engine("/nowhere", seed=-1),
             "engine-len": lambda: make_engine("/nowhere", max_model_len=0),
             "engine-seqs": lambda: make_engine("/nowhere", max_num_seqs="8"),

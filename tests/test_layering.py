@@ -17,6 +17,12 @@
    the strongly connected components of the import graph read with AST
    (module-level and lazy imports alike, see :func:`import_graph`).
 6. No product file (under ``core/`` or ``omni_backends/``) is over 600 lines.
+7. Serving (``core/serving/``) and the stage graph (``core/pipeline/graph/``) know no pipeline: none of their
+   modules imports a declaration (``core.pipeline.declarations.<name>``; the registry package itself, which
+   resolves a model to its declaration, is allowed) or a model family (``core.models.<name>`` but the modules
+   that are no family, :data:`MODELS_NOT_A_FAMILY`), lazily or not, nor holds a declared pipeline's name as a
+   string (a switch on it). What differs per pipeline is its declaration's (``PipelineSpec.speech``,
+   ``options``, ``served_name``); ``tests/core/test_new_family.py`` adds a family without touching them.
 
 Every failure message names ``file:line`` (rule 6: the file and its length).
 """
@@ -529,3 +535,70 @@ def test_long_file_scanner_names_each_file_over_the_limit(tmp_path):
     (tmp_path / "ok.py").write_text("x = 1\n" * MAX_LINES)
     (tmp_path / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
     assert long_files((tmp_path,)) == [f"{tmp_path / 'long.py'}: {MAX_LINES + 1} lines"]
+
+
+# ------------------------------------------------------- 7. serving and the stage graph know no pipeline
+#: the parts that must know no pipeline
+KNOWS_NO_PIPELINE = ("core.serving", "core.pipeline.graph")
+#: modules of ``core.models`` that are no model family: the architectures' registration, vLLM-Omni's loader (no
+#: family's code: it loads vLLM-Omni's package without its patches) and the writer helpers every family shares
+MODELS_NOT_A_FAMILY = {"core.models", "core.models.vllm_omni", "core.models.writing"}
+
+
+def pipeline_knowledge(roots: tuple[pathlib.Path, ...], base: pathlib.Path = ROOT,
+                       pipelines: tuple[str, ...] = ()) -> list[str]:
+    """Places in the modules of :data:`KNOWS_NO_PIPELINE` (under ``roots``) that import a declaration or a model
+    family, or hold one of ``pipelines`` (the declared names) as a string of code (rule 7)."""
+    modules = module_names(roots, base)
+    graph = import_graph(modules)
+    found = []
+    for module in sorted(m for m in graph if any(m == p or m.startswith(p + ".") for p in KNOWS_NO_PIPELINE)):
+        for target, at in sorted(graph[module].items()):
+            if target.startswith("core.pipeline.declarations."):
+                found.append(f"{at}: imports the declaration {target}; read it from the graph's spec instead")
+            elif target.startswith("core.models.") and target not in MODELS_NOT_A_FAMILY:
+                found.append(f"{at}: imports the model family {target}; its declaration speaks for it")
+        tree = parse(modules[module])
+        docs = documentation_strings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in pipelines and id(node) not in docs:
+                found.append(f"{where(modules[module], node)}: names the pipeline {node.value!r}; a switch on a "
+                             "pipeline belongs in its declaration")
+    return found
+
+
+def test_serving_and_the_stage_graph_know_no_pipeline():
+    from core.pipeline.declarations import PIPELINES
+
+    problems = pipeline_knowledge((CORE,), pipelines=tuple(PIPELINES))
+    assert not problems, "serving and the stage graph run any declared pipeline:" + _fmt(problems)
+
+
+KNOWING = {
+    "core/__init__.py": "",
+    "core/models/__init__.py": "",
+    "core/models/vllm_omni.py": "",
+    "core/models/fam/__init__.py": "",
+    "core/pipeline/__init__.py": "",
+    "core/pipeline/declarations/__init__.py": "",
+    "core/pipeline/declarations/fam.py": "",
+    "core/pipeline/graph/__init__.py": "",
+    "core/serving/__init__.py": "",
+    "core/serving/app.py": ("from core.pipeline.declarations import resolve  # the registry: fine\n"
+                            "from core.models.vllm_omni import x  # no family: fine\n"
+                            "def f(spec):\n    from core.pipeline.declarations.fam import A\n"
+                            "    return spec.name == 'fam'\n"),
+    "core/pipeline/graph/flow.py": ('"""fam in a docstring is fine"""\nimport core.models.fam\n'
+                                    "from core.pipeline.declarations import fam\n"),
+    "core/pipeline/run.py": "from core.pipeline.declarations.fam import A  # outside serving and the graph\n",
+}
+
+
+def test_pipeline_knowledge_scanner_names_each_import_and_switch(tmp_path):
+    for rel, text in KNOWING.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    found = pipeline_knowledge((tmp_path / "core",), tmp_path, pipelines=("fam",))
+    where_ = sorted(f.split(": ")[0].replace(str(tmp_path) + "/", "") for f in found)
+    assert where_ == ["core/pipeline/graph/flow.py:2", "core/pipeline/graph/flow.py:3", "core/serving/app.py:4",
+                      "core/serving/app.py:5"], found

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from core.pipeline.config import STAGES
+from core.pipeline.declarations.demo import STAGES
 from core.pipeline.graph.engines import _say_while_starting
 
 

@@ -24,11 +24,15 @@ only those below it):
 - :mod:`~core.pipeline.run`      ``run_pipeline``: device, checks, the graph, outputs;
 - :mod:`~core.pipeline.graph`    the stage graph (``StageGraph``, ``AudioChunk``, ``SpeechResult``), the shared
   interface of ``run`` and the server; a package: ``requests``, ``engines``, ``flow``;
-- :mod:`~core.pipeline.declarations`  the declared pipelines and which one a model runs (``resolve``);
-- :mod:`~core.pipeline.spec`     ``PipelineSpec``, ``StageSpec``, ``ChunkWindow``, ``PipelineModel``;
+- :mod:`~core.pipeline.declarations`  the declared pipelines and which one a model runs (``resolve``); each owns
+  its stages, its speech request and its ``run`` options;
+- :mod:`~core.pipeline.spec`     ``PipelineSpec``, ``StageSpec``, ``ChunkWindow``, ``PipelineModel``, ``SpeechApi``,
+  ``RequestOption``;
 - :mod:`~core.pipeline.audio`    the audio bytes (``pcm16``, ``wav_bytes``) of ``out.wav`` and the server;
 - :mod:`~core.pipeline.inputs`   the demo's inputs on disk (``validate_models``), the output folder's check;
 - :mod:`~core.pipeline.config`   ``RunConfig``, ``GraphConfig``, the shared engine settings, the device defaults;
+- :mod:`~core.pipeline.fields`   the request field checks the declarations, the graph and serving share
+  (``FieldError``, ``SpeechOptions``);
 - :mod:`~core.pipeline.faults`   reading a stage's failure, the dead-engine watchdog;
 - :mod:`~core.pipeline.release`  releasing an engine (shutdown, then its processes gone).
 
@@ -38,20 +42,9 @@ engine-choice checks (:func:`core.stage.check_engine_choices`, re-exported
 here). Importing this package imports neither vLLM nor torch.
 """
 
-from core.pipeline.config import (
-    DEFAULT_CHUNK_FRAMES,
-    ENGINE_KW,
-    MAX_SEED,
-    STAGES,
-    TALKER_MAX_MODEL_LEN,
-    THINKER_MAX_MODEL_LEN,
-    GraphConfig,
-    RunConfig,
-    default_model_dir,
-    device_defaults,
-    engine_kw,
-)
+from core.pipeline.config import MAX_CHUNK_FRAMES, GraphConfig, RunConfig, device_defaults, engine_kw
 from core.pipeline.faults import DEVICE_MEMORY_SIGNS, ENGINE_DEAD_ERROR
+from core.pipeline.fields import MAX_SEED
 from core.pipeline.graph import engine_config
 from core.pipeline.release import (
     ENGINE_CORE_PROCESSES,
@@ -66,9 +59,9 @@ from core.pipeline.run import run_pipeline
 from core.stage import GRAPH_MODES, RUNNERS, check_engine_choices
 
 __all__ = [
-    "DEFAULT_CHUNK_FRAMES", "DEVICE_MEMORY_SIGNS", "ENGINE_CORE_PROCESSES", "ENGINE_CORE_SHUTDOWN", "ENGINE_DEAD_ERROR", "ENGINE_KW",
-    "ENGINE_RELEASE_TIMEOUT", "GRAPH_MODES", "MAX_SEED", "RUNNERS", "STAGES",
-    "TALKER_MAX_MODEL_LEN", "THINKER_MAX_MODEL_LEN", "GraphConfig", "RunConfig", "check_engine_choices", "default_model_dir",
+    "DEVICE_MEMORY_SIGNS", "ENGINE_CORE_PROCESSES", "ENGINE_CORE_SHUTDOWN", "ENGINE_DEAD_ERROR",
+    "ENGINE_RELEASE_TIMEOUT", "GRAPH_MODES", "MAX_CHUNK_FRAMES", "MAX_SEED", "RUNNERS",
+    "GraphConfig", "RunConfig", "check_engine_choices",
     "device_defaults", "engine_config", "engine_kw", "engine_processes", "release_engine", "run_pipeline",
     "shutdown_engine", "wait_engine_released",
 ]

@@ -1,5 +1,6 @@
-"""What a run of the main job is: :class:`RunConfig`, its checks, the stages' shared engine settings and the
-device-dependent defaults.
+"""What a run of the main job is: :class:`RunConfig` and :class:`GraphConfig`, their checks, the engine
+settings every stage shares and the device-dependent defaults. Pipeline-free: a declaration's own request options
+live in ``RunConfig.options``, declared and checked by the declaration (``PipelineSpec.options``).
 
 Light: importing it imports neither vLLM nor torch (a bad value fails before either).
 """
@@ -7,44 +8,14 @@ Light: importing it imports neither vLLM nor torch (a bad value fails before eit
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
+from core.pipeline.fields import MAX_SEED, check_int
 from core.stage import GRAPH_MODES, RUNNERS
 from omni_backends.errors import BadInputError
 
-#: the demo pipeline's stages (``core.pipeline.declarations.demo``)
-STAGES = ("thinker", "talker", "code2wav")
-#: the demo's engine settings, shared by its three stages on every device. fp32: the demo weights are fp32 and the talker's
-#: codes must equal the plain-PyTorch reference (vLLM's ``dtype="auto"`` would run an fp32 checkpoint in bf16).
-ENGINE_KW: dict[str, Any] = dict(dtype="float32", max_num_seqs=8)
-THINKER_MAX_MODEL_LEN = 512
-TALKER_MAX_MODEL_LEN = 1024
-#: talker frames per code2wav request (``--chunk-frames``): audio streams out every this many frames
-DEFAULT_CHUNK_FRAMES = 16
-
-
-def default_model_dir() -> str:
-    """``$OMNI_BACKENDS_CACHE`` or ``~/.cache/omni-backends``, then ``demo-v<format>``."""
-    from core.models.create import FORMAT_VERSION
-
-    root = os.environ.get("OMNI_BACKENDS_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "omni-backends"
-    )
-    return os.path.join(root, f"demo-v{FORMAT_VERSION}")
-
-
-#: seeds reach ``numpy.random.seed`` (vLLM's ``set_random_seed``), which takes 0..2**32-1
-MAX_SEED = 2**32 - 1
-
-
-def _check_int(value: Any, name: str, flag: str, lo: int, hi: int | None = None) -> None:
-    """Raise :class:`BadInputError` naming ``name`` (``flag``) unless ``lo <= value <= hi``."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise BadInputError(f"{name} ({flag}) must be an integer, got {value!r}")
-    if value < lo or (hi is not None and value > hi):
-        rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
-        raise BadInputError(f"{name} ({flag}) must be {rng}, got {value}")
+#: the most frames one audio-stage chunk may hold (``--chunk-frames``)
+MAX_CHUNK_FRAMES = 1024
 
 
 @dataclasses.dataclass
@@ -55,28 +26,25 @@ class RunConfig:
 
     ``prompt``: non-empty text; ``device``: driver name / alias, ``"auto"``,
     ``""`` (= auto) or ``None`` (``OMNI_BACKENDS_DEVICE``, then auto);
-    ``voice``: the demo talker's voice id, >= 0 (the upper bound is the talker's
-    ``num_voices``, checked against its config), or a checkpoint's speaker name;
-    ``max_tokens``: the demo thinker's tokens, 1..THINKER_MAX_MODEL_LEN-1;
+    ``voice``: an id >= 0 or a name (``None``: the pipeline's default), read by
+    the declaration (the demo talker's voice id, a checkpoint's speaker);
     ``seed``: 0..2**32-1; ``out``: output directory; ``model``: a checkpoint
     folder (``--model``; ``None``: the demo); ``model_dir``: demo models
-    (``None``: the cache); ``language``, ``instructions``, ``task_type``,
-    ``max_new_tokens``: a checkpoint's request fields (vLLM-Omni's names; the
-    declaration checks them); ``multiprocess``: one process per engine core.
+    (``None``: the cache); ``options``: the declaration's own request options
+    (``PipelineSpec.options``: name -> value, e.g. the demo's ``max_tokens``, a
+    checkpoint's ``language``), each checked by an option of that name some
+    declaration declares; ``multiprocess``: one process per engine core.
     """
 
     prompt: str = "Hello! Tell me about omni models."
     device: str | None = None
-    voice: int | str | None = 0
-    max_tokens: int = 32
+    voice: int | str | None = None
     seed: int = 0
     out: str = "out"
     model_dir: str | None = None
     model: str | None = None
-    language: str | None = None
-    instructions: str | None = None
-    task_type: str | None = None
-    max_new_tokens: int | None = None
+    #: the declaration's request options (``--max-tokens``, ``--language``, ...): name -> value
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: per-stage overrides of the pipeline's deploy defaults (``--stage-overrides``; :func:`parse_stage_overrides`)
     stage_overrides: dict[str, dict[str, Any]] | None = None
     #: vLLM's multiprocess engine (an engine-core process per stage); ``None``: the device's default
@@ -103,22 +71,43 @@ class RunConfig:
         if not self.prompt.strip():
             raise BadInputError("the prompt is empty; pass some text with --prompt")
         if self.voice is not None and (not isinstance(self.voice, str) or not self.voice.strip()):
-            _check_int(self.voice, "voice", "--voice", 0)
-        _check_int(self.max_tokens, "max_tokens", "--max-tokens", 1, THINKER_MAX_MODEL_LEN - 1)
-        for name in ("language", "instructions", "task_type"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                raise BadInputError(f"{name} (--{name.replace('_', '-')}) must be text, got {value!r}")
-        if self.max_new_tokens is not None:
-            _check_int(self.max_new_tokens, "max_new_tokens", "--max-new-tokens", 1)
-        _check_int(self.seed, "seed", "--seed", 0, MAX_SEED)
+            check_int(self.voice, "voice", "--voice", 0)
+        _check_options(self.options)
+        check_int(self.seed, "seed", "--seed", 0, MAX_SEED)
         if not isinstance(self.out, str) or not self.out.strip():
             raise BadInputError(f"out (--out) must be a directory path, got {self.out!r}")
         _check_models(self)
         _check_engine_options(self)
         if self.chunk_frames is not None:
-            _check_int(self.chunk_frames, "chunk_frames", "--chunk-frames", 1, TALKER_MAX_MODEL_LEN)
+            check_int(self.chunk_frames, "chunk_frames", "--chunk-frames", 1, MAX_CHUNK_FRAMES)
         _check_stage_overrides(self.stage_overrides)
+
+
+def _check_options(options: Any) -> None:
+    """``options`` (``RunConfig.options``): a dict of option names some declaration declares
+    (:func:`core.pipeline.declarations.request_options`), each value ``None`` or one an option of that name
+    accepts (its ``check``; the chosen declaration checks it again for itself). :class:`BadInputError` otherwise."""
+    from core.pipeline.declarations import request_options
+
+    if not isinstance(options, dict):
+        raise BadInputError(f"options must map request option names to values, got {options!r}"[:300])
+    declared = request_options()
+    for name, value in options.items():
+        if name not in declared:
+            raise BadInputError(f"no declared pipeline takes the request option {name!r}; declared: "
+                                f"{', '.join(declared)}")
+        checks = [opt.check for _, opt in declared[name] if opt.check is not None]
+        if value is None or not checks:
+            continue
+        errors = []
+        for check in checks:
+            try:
+                check(value)
+                break
+            except BadInputError as exc:
+                errors.append(exc)
+        else:
+            raise errors[0]
 
 
 def _check_stage_overrides(value: Any) -> None:
@@ -183,7 +172,7 @@ class GraphConfig:
 
     ``model``: a checkpoint folder (``--model``, e.g. Qwen3-TTS in its released layout; ``None``: the demo);
     ``model_dir``: the demo models (``--model-dir``; ``None``: the cache, created on first use); ``device``: as
-    :class:`RunConfig`'s; ``chunk_frames``: frames per audio-stage chunk, 1..TALKER_MAX_MODEL_LEN (``None``:
+    :class:`RunConfig`'s; ``chunk_frames``: frames per audio-stage chunk, 1..MAX_CHUNK_FRAMES (``None``:
     the declaration's; the demo's 16, Qwen3-TTS's deploy default); ``seed``: the engines' seed, 0..2**32-1 (a
     request's sampling seed is its own); ``multiprocess``, ``enforce_eager``, ``graph_mode``,
     ``runner``: as :class:`RunConfig`'s. Checked when made: :class:`BadInputError` naming the field.
@@ -217,8 +206,8 @@ class GraphConfig:
             raise BadInputError(f"stat_loggers must map stage names to vLLM stat logger factories, "
                                 f"got {self.stat_loggers!r}")
         if self.chunk_frames is not None:
-            _check_int(self.chunk_frames, "chunk_frames", "--chunk-frames", 1, TALKER_MAX_MODEL_LEN)
-        _check_int(self.seed, "seed", "--seed", 0, MAX_SEED)
+            check_int(self.chunk_frames, "chunk_frames", "--chunk-frames", 1, MAX_CHUNK_FRAMES)
+        check_int(self.seed, "seed", "--seed", 0, MAX_SEED)
         _check_engine_options(self)
         _check_stage_overrides(self.stage_overrides)
 
@@ -253,8 +242,9 @@ def device_defaults(cfg: Any, backend: Any) -> Any:
 
 def engine_kw(cfg: Any) -> dict[str, Any]:
     """Engine arguments every stage shares for ``cfg`` (a :class:`RunConfig` or :class:`GraphConfig`, after
-    :func:`device_defaults`)."""
-    kw = dict(ENGINE_KW, seed=cfg.seed)
+    :func:`device_defaults`): the seed and the graph options; a stage's own (dtype, lengths) are its
+    declaration's (``StageSpec.engine_args``)."""
+    kw: dict[str, Any] = {"seed": cfg.seed}
     if cfg.enforce_eager:
         kw["enforce_eager"] = True
     if cfg.graph_mode is not None:

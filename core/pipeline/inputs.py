@@ -1,5 +1,5 @@
-"""The run's inputs on disk, checked before an engine starts: the demo models, the output directory, the
-prompt's length in thinker tokens."""
+"""The run's inputs on disk, checked before an engine starts: the demo models (one folder per stage, the
+declaration names the stages), the output directory, the prompt's length in thinker tokens."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import os
 import tempfile
 from typing import Any
 
-from core.pipeline.config import STAGES, THINKER_MAX_MODEL_LEN
 from omni_backends.errors import BadInputError
 
 
@@ -44,20 +43,22 @@ def _check_weights(stage_dir: str, stage: str, model_dir: str) -> None:
         raise BadInputError(f"{stage} model: weight file {path} is unreadable ({exc}). {_recreate(model_dir)}") from exc
 
 
-def _read_models(model_dir: str) -> dict[str, dict[str, Any]]:
+def _read_models(model_dir: str, stages: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     """Stage -> ``config.json`` of the demo models in ``model_dir``, each stage's weights found readable;
     :class:`BadInputError` saying how to recreate them."""
     if not os.path.isdir(model_dir):
         raise BadInputError(f"model directory {model_dir} does not exist; create it with: omni-backends demo-model create {model_dir}")
     configs = {}
-    for stage in STAGES:
+    for stage in stages:
         d = os.path.join(model_dir, stage)
         configs[stage] = _load_config(d, stage, model_dir)
         _check_weights(d, stage, model_dir)
     return configs
 
 
-def _check_out_dir(out: str) -> str:
+def check_out_dir(out: str) -> str:
+    """``out`` (``--out``) as an absolute path whose folder can be written; :class:`BadInputError` saying to choose
+    another ``--out`` otherwise."""
     out = os.path.abspath(out)
     parent = os.path.dirname(out)
     probe_dir = out if os.path.isdir(out) else parent
@@ -77,28 +78,31 @@ def _check_out_dir(out: str) -> str:
     return out
 
 
-def validate_models(model_dir: str, backend: Any) -> dict[str, dict[str, Any]]:
-    """Check the demo models in ``model_dir`` before an engine starts; returns stage -> config.json.
+def validate_models(model_dir: str, backend: Any, stages: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Check the demo models of ``stages`` in ``model_dir`` (a folder per stage) before an engine starts; returns
+    stage -> config.json.
 
     Missing / corrupt ``config.json`` or weights, then a head size the device cannot run
     (``Backend.check_model_config``): :class:`BadInputError` saying how to recreate them."""
-    configs = _read_models(model_dir)
-    for stage in STAGES:
+    configs = _read_models(model_dir, stages)
+    for stage in stages:
         backend.check_model_config(configs[stage])
     return configs
 
 
-def check_prompt_fits(n_prompt: int, max_tokens: int, field: str = "--max-tokens") -> None:
+def check_prompt_fits(n_prompt: int, max_tokens: int, context: int, field: str = "--max-tokens") -> None:
     """:class:`BadInputError` unless a prompt of ``n_prompt`` thinker tokens plus ``max_tokens`` fits the
-    thinker's context (``THINKER_MAX_MODEL_LEN``)."""
-    if n_prompt + max_tokens > THINKER_MAX_MODEL_LEN:
+    thinker's context of ``context`` tokens."""
+    if n_prompt + max_tokens > context:
         raise BadInputError(
             f"prompt is {n_prompt} tokens; with {field} {max_tokens} that exceeds the thinker's context of "
-            f"{THINKER_MAX_MODEL_LEN} tokens. Shorten the prompt or lower {field}."
+            f"{context} tokens. Shorten the prompt or lower {field}."
         )
 
 
-def _thinker_tokenizer(model_dir: str) -> Any:
+def thinker_tokenizer(model_dir: str) -> Any:
+    """The demo thinker's tokenizer (``transformers.AutoTokenizer`` of ``<model_dir>/thinker``);
+    :class:`BadInputError` saying how to recreate it."""
     path = os.path.join(model_dir, "thinker")
     try:
         from transformers import AutoTokenizer

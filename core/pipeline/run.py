@@ -56,7 +56,7 @@ def run_pipeline(cfg: RunConfig, progress: Callable[[str], None] | None = None) 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from core.pipeline.declarations import resolve
     from core.pipeline.graph import prepare_environment
-    from core.pipeline.inputs import _check_out_dir
+    from core.pipeline.inputs import check_out_dir
     from omni_backends.probing import blame_import_failures
     from omni_backends.registry import select
 
@@ -72,7 +72,7 @@ def run_pipeline(cfg: RunConfig, progress: Callable[[str], None] | None = None) 
             cfg.model_dir = model.model_dir
             gcfg = dataclasses.replace(gcfg, model_dir=model.model_dir)
         spec.check(model, req, ())
-        _check_out_dir(cfg.out)
+        check_out_dir(cfg.out)
         sel.backend.check_vllm_platform()
     out = os.path.abspath(cfg.out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -106,7 +106,7 @@ async def _run_on_graph(cfg: RunConfig, gcfg: GraphConfig, req: Any, staging: st
     import torch
 
     from core.pipeline.audio import pcm16, wav_bytes
-    from core.pipeline.graph import StageGraph
+    from core.pipeline.graph import AudioChunk, StageGraph
     from omni_backends.errors import StageFailedError
 
     t0 = time.perf_counter()
@@ -118,7 +118,7 @@ async def _run_on_graph(cfg: RunConfig, gcfg: GraphConfig, req: Any, staging: st
         pcm: list[bytes] = []
         result = None
         async for item in graph.synthesize(req):
-            if hasattr(item, "samples") and hasattr(item, "index"):
+            if isinstance(item, AudioChunk):
                 if item.index == 0:
                     for i, name in enumerate(names[1:-1], 2):
                         say(f"[{i}/{len(names)}] {name}: streaming codec frames")
@@ -148,13 +148,13 @@ async def _run_on_graph(cfg: RunConfig, gcfg: GraphConfig, req: Any, staging: st
     with open(os.path.join(staging, "codes.json"), "w") as f:
         json.dump(codes.tolist(), f)
     say(f"done: {result.samples / sr:.2f} s of audio")
-    summary = _summary(cfg, gcfg, graph, result, stats, generation, wall, len(pcm))
+    summary = _summary(cfg, gcfg, graph, req, result, stats, generation, wall, len(pcm))
     summary["shutdown_seconds"] = round(shutdown, 3)
     summary["written"] = sorted([*os.listdir(staging), "summary.json"])
     return summary
 
 
-def _summary(cfg: RunConfig, gcfg: GraphConfig, graph: Any, result: Any, stats: dict[str, dict[str, Any]],
+def _summary(cfg: RunConfig, gcfg: GraphConfig, graph: Any, req: Any, result: Any, stats: dict[str, dict[str, Any]],
              generation: float, wall: float, chunks: int) -> dict[str, Any]:
     info, t, spec = graph.stage_info, result.timings, graph.spec
     sr = graph.sample_rate
@@ -185,7 +185,7 @@ def _summary(cfg: RunConfig, gcfg: GraphConfig, graph: Any, result: Any, stats: 
     slowest = max(info[s]["engine_start_seconds"] for s in per_stage)
     bound = CONCURRENT_START_FACTOR * (slowest + generation)
     return {"pipeline": spec.name, "model": gcfg.model or gcfg.model_dir, "prompt": cfg.prompt, "voice": cfg.voice,
-            "seed": cfg.seed, "max_tokens": cfg.max_tokens, "request": {k: getattr(cfg, k) for k in ("language", "instructions", "task_type", "max_new_tokens")},
+            "seed": cfg.seed, "request": dataclasses.asdict(req) if dataclasses.is_dataclass(req) else repr(req),
             "text": result.text, "stages": stages,
             "generation_seconds": round(generation, 3), "first_chunk_seconds": t["first_chunk"],
             "wall_seconds": round(wall, 3),

@@ -17,6 +17,11 @@ talker -> code2wav). The shape the graph runs, in vLLM-Omni's terms (``StagePipe
   ``left_context_frames`` earlier frames; of its waveform the chunk's own frames' samples are kept. With
   :data:`FULL` the last stage runs once on every frame.
 
+A declaration also owns what comes in: its speech request (:class:`SpeechApi`: parsing and checking the body of
+``POST /v1/audio/speech``, the SSE framing, as vLLM-Omni's ``TTSModelAdapter`` per model) and the options of its
+request that ``omni-backends run`` takes (:class:`RequestOption`); serving, the stage graph and the CLI read them
+from the declaration and know no pipeline.
+
 Light: importing this module imports neither vLLM nor torch.
 """
 
@@ -26,6 +31,7 @@ import dataclasses
 from typing import Any, Callable, Collection
 
 from core.kinds import KINDS
+from core.pipeline.fields import SpeechOptions
 from omni_backends.errors import BadInputError
 
 #: a stage that starts when the stage before finished, with its whole output
@@ -131,6 +137,60 @@ class PipelineModel:
 
 
 @dataclasses.dataclass(frozen=True)
+class SpeechApi:
+    """How a declared pipeline answers ``POST /v1/audio/speech`` (vLLM-Omni's ``TTSModelAdapter``: one per model).
+
+    - ``parse(body, *, model_name, model, request_id) -> SpeechOptions``: the decoded JSON body checked field by
+      field (no engine work) into the declaration's request (named ``request_id``, what its ``check`` and the
+      graph take) and how the audio leaves (:class:`~core.pipeline.fields.SpeechOptions`); ``model_name``: the
+      served name; ``model``: the :class:`PipelineModel` read at start (voices, sample rate). Raises
+      :class:`~core.pipeline.fields.FieldError` naming the field (serving's 400;
+      :class:`~core.pipeline.fields.UnknownModelError`: 404);
+    - ``named_events``: SSE events carry an ``event:`` line naming their type (vLLM-Omni's framing);
+    - ``error_event``: the type of the SSE event that ends a failed stream (``error``, vLLM-Omni's
+      ``speech.audio.error``).
+    """
+
+    parse: Callable[..., SpeechOptions]
+    named_events: bool = False
+    error_event: str = "error"
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestOption:
+    """An option of a declaration's request that ``omni-backends run`` takes: ``--<name>`` (``_`` as ``-``), its
+    value in ``RunConfig.options[name]``.
+
+    ``type``: argparse's (``int`` / ``str``); ``help``: the flag's help (say its range); ``check(value)``: raises
+    :class:`BadInputError` naming ``name`` (``--flag``) for a bad value (``None``: any value of ``type``);
+    ``default``: the value when not given (the declaration's ``request_of_run`` reads it through
+    :meth:`value`); ``instead``: the flag another pipeline takes for the same thing (e.g. the demo's
+    ``--max-tokens`` for a checkpoint's ``--max-new-tokens``), named when this one is refused."""
+
+    name: str
+    help: str
+    type: Callable[[str], Any] = str
+    check: Callable[[Any], None] | None = None
+    default: Any = None
+    instead: str | None = None
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def value(self, options: dict[str, Any]) -> Any:
+        """This option's value in ``options`` (``RunConfig.options``), checked (``check``: :class:`BadInputError`
+        naming the flag), else its :attr:`default`."""
+        value = options.get(self.name)
+        if value is None:
+            return self.default
+        if self.check is not None:
+            self.check(value)
+        return value
+
+
+@dataclasses.dataclass(frozen=True)
 class PipelineSpec:
     """A declared pipeline (see the module doc).
 
@@ -140,11 +200,14 @@ class PipelineSpec:
       before any engine starts (:class:`BadInputError` naming the file or value and what to do);
     - ``check(model, req, in_flight)``: refuses a request before any engine work (:class:`BadInputError` naming
       the field); ``in_flight``: the request ids the graph runs now;
-    - ``request_of_run(cfg)``: the request ``omni-backends run`` makes of its ``RunConfig`` (the same request
-      the server makes of the same fields); :class:`BadInputError` for an option the pipeline does not take;
-    - ``speech_api``: which request of ``POST /v1/audio/speech`` it serves (``core.serving.protocol``):
-      ``openai`` (OpenAI's fields, ``voice-N``) or ``vllm-omni-tts`` (vLLM-Omni's Qwen3-TTS fields);
-    - ``text_stage``: the stage whose text ``run`` writes to ``<stage>.txt`` (``None``: no stage makes text).
+    - ``request_of_run(cfg)``: the request ``omni-backends run`` makes of its ``RunConfig`` (``prompt``,
+      ``voice``, ``seed`` and its own ``options``: the same request the server makes of the same fields);
+      :class:`BadInputError` for an option the pipeline does not take;
+    - ``speech``: its ``POST /v1/audio/speech`` request (:class:`SpeechApi`);
+    - ``options``: the options of its request ``run`` takes (:class:`RequestOption`, each ``--<name>``);
+    - ``text_stage``: the stage whose text ``run`` writes to ``<stage>.txt`` (``None``: no stage makes text);
+    - ``served_name``: the model name a server serves without ``--served-model-name`` (``None``: the checkpoint
+      folder's name, as vLLM names a local model by its path).
     """
 
     name: str
@@ -152,8 +215,10 @@ class PipelineSpec:
     load: Callable[[Any, Any, Callable[[str], None]], PipelineModel]
     check: Callable[[PipelineModel, Any, Collection[str]], None]
     request_of_run: Callable[[Any], Any]
-    speech_api: str
+    speech: SpeechApi
+    options: tuple[RequestOption, ...] = ()
     text_stage: str | None = None
+    served_name: str | None = None
 
     def __post_init__(self) -> None:
         names = [s.name for s in self.stages]

@@ -1,10 +1,11 @@
 """The HTTP app (FastAPI) over a started stage graph: OpenAI's speech endpoint, voices, models, health, metrics.
 
-- ``POST /v1/audio/speech``: checked (:func:`core.serving.protocol.parse_speech`, then the graph's ``check``)
-  before any engine work -> 400/404 with an OpenAI-style body; past ``max_concurrency`` requests in flight ->
+- ``POST /v1/audio/speech``: checked (the pipeline's own speech adapter, ``graph.spec.speech.parse``, then the
+  graph's ``check``) before any engine work -> 400/404 with an OpenAI-style body; past ``max_concurrency`` requests in flight ->
   429; then ``graph.synthesize``: a complete WAV (or raw PCM), or streamed: raw PCM chunks (``audio/pcm``) or
-  server-sent events (``speech.audio.delta`` with base64 PCM, then ``speech.audio.done``) as code2wav makes them.
-  A stage failure before the first byte is a 503; after it, an SSE ``error`` event (raw PCM: the connection is
+  server-sent events (``speech.audio.delta`` with base64 PCM, then ``speech.audio.done``; framed as the
+  adapter declares) as the audio stage makes them.
+  A stage failure before the first byte is a 503; after it, an SSE error event (the adapter's ``error_event``) (raw PCM: the connection is
   cut, so the body is incomplete). A client that goes away aborts its request in every stage: the synthesize
   iterator is cancelled / closed (the stage graph's contract).
 - every request passes :mod:`core.serving.request_limits` first (body limit -> 413, a route's escaped failure ->
@@ -32,7 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from core.serving.metrics import CONTENT_TYPE, ServingMetrics
-from core.serving.protocol import ApiError, bad_request, graph_refusal, parse_speech, parse_tts_speech
+from core.serving.protocol import ApiError, bad_request, refusal
 from core.serving.request_limits import DEFAULT_MAX_BODY_BYTES, SPEECH_PATH, decode_json, install
 from omni_backends.errors import BadInputError, StageFailedError
 
@@ -46,15 +47,12 @@ class ServerState:
     server drains (SIGTERM: no new requests, in-flight ones finish), the metrics, and ``on_stage_dead`` (called
     once with the stage's name when a request finds the graph's ``dead_stage`` set)."""
 
-    model_name: str = "omni-demo"
+    model_name: str
     max_concurrency: int = 32
     in_flight: int = 0
     draining: bool = False
     metrics: ServingMetrics = dataclasses.field(default_factory=ServingMetrics)
     on_stage_dead: Callable[[str], None] | None = None
-    #: the demo pipeline's request class (``core.pipeline.declarations.demo.SpeechRequest``); None: imported on
-    #: first use
-    request_cls: Any = None
     #: request bodies over this many bytes are 413, read no further (``--max-body-bytes``)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
@@ -118,12 +116,10 @@ def _sse(event: dict[str, Any], named: bool = False) -> bytes:
     return (f"event: {event['type']}\n{data}" if named else data).encode()
 
 
-def _sse_error(err: ApiError, omni: bool) -> bytes:
-    """The error event ending a stream: vLLM-Omni's ``speech.audio.error`` (``{"type", "error": {...}}``) or the
-    demo's ``error`` (``{"type", "error"...}`` flattened)."""
-    if omni:
-        return _sse({"type": "speech.audio.error", **err.body()}, True)
-    return _sse({"type": "error", **err.body()})
+def _sse_error(err: ApiError, speech: Any) -> bytes:
+    """The error event ending a stream, as the pipeline's speech adapter declares it (``error_event``, e.g.
+    vLLM-Omni's ``speech.audio.error``; ``named_events``): ``{"type", "error": {...}}``."""
+    return _sse({"type": speech.error_event, **err.body()}, speech.named_events)
 
 
 def _usage(result: Any) -> dict[str, int]:
@@ -144,18 +140,24 @@ class SpeechHandler:
     def __init__(self, graph: Any, state: ServerState):
         self.graph = graph
         self.state = state
-        #: which request the pipeline serves (its declaration's ``speech_api``): ``openai`` (the demo's) or
-        #: ``vllm-omni-tts`` (vLLM-Omni's Qwen3-TTS request, its ``speech.audio.*`` SSE events)
-        self.api = getattr(getattr(graph, "spec", None), "speech_api", "openai")
+        #: the pipeline's speech request (its declaration's ``SpeechApi``: parse, SSE framing)
+        self.speech = graph.spec.speech
 
-    def _request(self, opts: Any, request_id: str) -> Any:
-        cls = self.state.request_cls
-        if cls is None:
-            from core.pipeline.declarations.demo import SpeechRequest as cls  # noqa: N813 - the demo's class
-
-            self.state.request_cls = cls
-        return cls(text=opts.text, voice=opts.voice, seed=opts.seed, max_tokens=opts.max_tokens,
-                   request_id=request_id)
+    def _checked(self, body: Any, rid: str) -> Any:
+        """``body`` parsed by the pipeline's speech adapter into its request named ``rid``, and checked by the
+        graph: the :class:`~core.pipeline.fields.SpeechOptions`; :class:`ApiError` (400 / 404) naming the field
+        otherwise."""
+        try:
+            opts = self.speech.parse(body, model_name=self.state.model_name, model=self.graph.model, request_id=rid)
+        except BadInputError as exc:
+            raise refusal(exc) from exc
+        try:
+            self.graph.check(opts.request, request_id=rid)
+        except BadInputError as exc:
+            raise refusal(exc) from exc
+        except (TypeError, ValueError, UnicodeError) as exc:  # e.g. the tokenizer refused the text
+            raise bad_request(f"'input' cannot be tokenized: {type(exc).__name__}: {exc}", "input") from exc
+        return opts
 
     def _dead(self) -> ApiError | None:
         stage = getattr(self.graph, "dead_stage", None)
@@ -187,19 +189,8 @@ class SpeechHandler:
         try:
             body = decode_json(await request.body())
             rid = f"speech-{uuid.uuid4().hex}"
-            if self.api == "vllm-omni-tts":
-                opts = parse_tts_speech(body, model_name=self.state.model_name,
-                                        sample_rate=int(self.graph.sample_rate))
-                req = opts.request
-            else:
-                opts = parse_speech(body, model_name=self.state.model_name, num_voices=int(self.graph.num_voices))
-                req = self._request(opts, rid)
-            try:
-                self.graph.check(req, request_id=rid)
-            except BadInputError as exc:
-                raise graph_refusal(exc) from exc
-            except (TypeError, ValueError, UnicodeError) as exc:  # e.g. the tokenizer refused the text
-                raise bad_request(f"'input' cannot be tokenized: {type(exc).__name__}: {exc}", "input") from exc
+            opts = self._checked(body, rid)
+            req = opts.request
         except ApiError as exc:
             m.finished("bad_request")
             return error_response(exc)
@@ -301,7 +292,7 @@ class SpeechHandler:
         task, queue = self._produce(req, rid, submitted_at, release)
         headers = self._headers(rid, submitted_at)
         sse = opts.stream_format == "sse"
-        omni = self.api == "vllm-omni-tts"  # vLLM-Omni's SSE events (``event:`` lines, ``speech.audio.error``)
+        named = self.speech.named_events  # the adapter's SSE framing (vLLM-Omni's: ``event:`` lines)
         sr = int(self.graph.sample_rate)
         header = [streaming_wav_header(sr)] if opts.response_format == "wav" else []
         try:
@@ -323,7 +314,7 @@ class SpeechHandler:
                 return pcm
             return _sse({"type": "speech.audio.delta", "audio": base64.b64encode(pcm).decode(),
                          "response_format": opts.response_format, "index": int(chunk.index),
-                         "ready_at": float(chunk.ready_at)}, omni)
+                         "ready_at": float(chunk.ready_at)}, named)
 
         async def body() -> AsyncIterator[bytes]:
             item = first
@@ -332,17 +323,17 @@ class SpeechHandler:
                     if isinstance(item, StageFailedError):
                         if not sse:
                             raise item  # the connection is cut: the client sees an incomplete body
-                        yield _sse_error(self._failed(item), omni)
+                        yield _sse_error(self._failed(item), self.speech)
                         return
                     if isinstance(item, BaseException):
                         if not sse:
                             raise item
-                        yield _sse_error(self._crashed(item), omni)
+                        yield _sse_error(self._crashed(item), self.speech)
                         return
                     if _is_chunk(item):
                         yield encode(item)
                     elif sse:
-                        yield _sse(_done_event(item, submitted_at, sr), omni)
+                        yield _sse(_done_event(item, submitted_at, sr), named)
                     item = await queue.get()
             finally:
                 task.cancel()  # a no-op once synthesis ended; else the client is gone: abort in every stage
@@ -354,8 +345,9 @@ class SpeechHandler:
 
 
 def build_app(graph: Any, state: ServerState) -> FastAPI:
-    """The FastAPI app serving ``graph`` (a started ``core.pipeline.graph.StageGraph``: ``check``,
-    ``synthesize``, ``running``, ``dead_stage``, ``sample_rate``, ``voices``) with ``state``."""
+    """The FastAPI app serving ``graph`` (a started ``core.pipeline.graph.StageGraph``: ``spec`` (its
+    declaration: ``spec.speech`` parses a request), ``model``, ``check``, ``synthesize``, ``running``,
+    ``dead_stage``, ``sample_rate``, ``voices``) with ``state``. Every route is registered here."""
     app = FastAPI(title="omni-backends", description="OpenAI-compatible speech over the omni stage graph",
                   docs_url=None, redoc_url=None)
     app.state.serving = state

@@ -57,7 +57,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def add_serve_command(sub: Any) -> None:
     """Add ``serve`` to ``omni-backends``' sub-parsers."""
-    from core.pipeline.config import DEFAULT_CHUNK_FRAMES
     from core.serving.request_limits import DEFAULT_MAX_BODY_BYTES
     from omni_backends.cli import add_device_argument
 
@@ -72,8 +71,8 @@ def add_serve_command(sub: Any) -> None:
                         "model_type picks the pipeline); default: the demo")
     p.add_argument("--model-dir", default=None, help="demo models folder (default: created in ~/.cache/omni-backends)")
     p.add_argument("--chunk-frames", type=int, default=None,
-                   help=f"frames per code2wav chunk: smaller = earlier first audio (default: the demo's "
-                        f"{DEFAULT_CHUNK_FRAMES}; a checkpoint's deploy default)")
+                   help="frames per code2wav chunk: smaller = earlier first audio (default: the pipeline's: the "
+                        "demo's, a checkpoint's deploy default)")
     p.add_argument("--max-concurrency", type=int, default=32,
                    help="speech requests in flight; more are answered 429 (default: %(default)s)")
     p.add_argument("--served-model-name", default=None,

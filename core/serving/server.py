@@ -103,12 +103,12 @@ class ServeConfig:
                            runner=self.runner, stage_overrides=self.stage_overrides)
 
 
-def served_model_name(model: str | None) -> str:
-    """The name a server serves when ``--served-model-name`` is not given: the checkpoint folder's name
-    (``--model``), or ``omni-demo`` for the demo (vLLM names a local model by its path; vLLM-Omni's clients send
-    what ``GET /v1/models`` lists)."""
-    if model is None:
-        return "omni-demo"
+def served_model_name(spec: Any, model: str | None) -> str:
+    """The name a server serves when ``--served-model-name`` is not given: the declaration's (``spec``, a
+    ``PipelineSpec``: ``served_name``, e.g. ``omni-demo`` for the demo), else the checkpoint folder's name
+    (``--model``; vLLM names a local model by its path; vLLM-Omni's clients send what ``GET /v1/models`` lists)."""
+    if spec.served_name is not None or model is None:
+        return spec.served_name or spec.name
     return os.path.basename(os.path.normpath(os.path.abspath(model)))
 
 
@@ -200,7 +200,7 @@ async def serve(cfg: ServeConfig, say: Callable[[str], None] | None = None) -> i
     cfg.check()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     spec = resolve(cfg.model)  # a checkpoint no declaration serves fails here, before the device
-    model_name = cfg.model_name or served_model_name(cfg.model)
+    model_name = cfg.model_name or served_model_name(spec, cfg.model)
     sel = select(cfg.device)  # cheap: no vendor stack imported yet
     say(f"device: {sel.name} ({sel.rule}): {sel.reason}")
     graph_cfg = cfg.graph_config(sel.name)

@@ -18,7 +18,7 @@ from core.kinds import AR, GENERATION  # noqa: E402
 from core.payloads import EXTRA_ARGS_KEY, unpack  # noqa: E402
 from core.pipeline.config import GraphConfig  # noqa: E402
 from core.pipeline.graph import StageGraph  # noqa: E402
-from core.pipeline.spec import CHUNKED, ChunkWindow, PipelineModel, PipelineSpec, StageSpec  # noqa: E402
+from core.pipeline.spec import CHUNKED, ChunkWindow, PipelineModel, PipelineSpec, SpeechApi, StageSpec  # noqa: E402
 
 FRAMES, Q, HOP = 7, 2, 3
 
@@ -66,7 +66,7 @@ def _graph(request_state: bool) -> StageGraph:
                           lambda m, r, codes: ({"prompt_token_ids": codes.t().reshape(-1).tolist()},
                                                SamplingParams(max_tokens=1)),
                           lambda m, s, out: out.wav, hand_over=CHUNKED)),
-        load=None, check=lambda m, r, f: None, request_of_run=None, speech_api="openai")
+        load=None, check=lambda m, r, f: None, request_of_run=None, speech=SpeechApi(parse=None))
     model = PipelineModel(model_dir="x", sample_rate=24000, samples_per_frame=HOP, voices=[],
                           window=ChunkWindow(first_chunk_frames=1, chunk_frames=3,
                                              left_context_frames=0 if request_state else 2),

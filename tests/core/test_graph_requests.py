@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.pipeline.config import MAX_SEED, THINKER_MAX_MODEL_LEN
-from core.pipeline.declarations.demo import DEMO, SpeechRequest, check_request, voice_names
+from core.pipeline.declarations.demo import THINKER_MAX_MODEL_LEN, DEMO, SpeechRequest, check_request, voice_names
+from core.pipeline.fields import MAX_SEED
 from core.pipeline.graph import StageGraph
 from core.pipeline.spec import ChunkWindow, PipelineModel
 from omni_backends.errors import BadInputError

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from core.pipeline.declarations import PIPELINES, declaration, pipeline_name, resolve
-from core.pipeline.spec import CHUNKED, FULL, ChunkWindow, PipelineSpec, StageSpec
+from core.pipeline.spec import CHUNKED, FULL, ChunkWindow, PipelineSpec, SpeechApi, StageSpec
 from omni_backends.errors import BadInputError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,8 +29,10 @@ def _schedule(window: ChunkWindow, frames: int) -> list[tuple[int, int, int]]:
 
 def test_the_demo_and_qwen3_tts_are_declarations_the_graph_runs():
     demo, tts = resolve(None), declaration("qwen3_tts")
-    assert demo.stage_names == ("thinker", "talker", "code2wav") and demo.speech_api == "openai"
-    assert tts.stage_names == ("talker", "code2wav") and tts.speech_api == "vllm-omni-tts"
+    assert demo.stage_names == ("thinker", "talker", "code2wav") and not demo.speech.named_events
+    assert tts.stage_names == ("talker", "code2wav") and tts.speech.error_event == "speech.audio.error"
+    assert [o.name for o in demo.options] == ["max_tokens"]
+    assert [o.name for o in tts.options] == ["language", "instructions", "task_type", "max_new_tokens"]
     assert [s.hand_over for s in demo.stages] == [FULL, FULL, CHUNKED]
     assert tts.producer.name == "talker" and tts.audio.name == "code2wav"
     assert set(PIPELINES) == {"demo", "qwen3_tts"}
@@ -52,7 +54,7 @@ def test_only_the_last_stage_may_be_fed_in_chunks():
     def stage(name, hand_over=FULL):
         return StageSpec(name, "ar", dict, lambda *a: None, lambda *a: None, hand_over=hand_over)
 
-    kw = dict(load=None, check=None, request_of_run=None, speech_api="openai")
+    kw = dict(load=None, check=None, request_of_run=None, speech=SpeechApi(parse=None))
     with pytest.raises(ValueError, match="only the last stage"):
         PipelineSpec("x", (stage("a"), stage("b", CHUNKED), stage("c")), **kw)
     with pytest.raises(ValueError, match="distinct names"):

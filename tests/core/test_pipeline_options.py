@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from core.pipeline import RunConfig, device_defaults, engine_kw
+from core.pipeline.spec import ChunkWindow, PipelineModel
 from core.stage import EngineChoices, check_engine_choices
 from omni_backends.engine_memory import STAGE_HEADROOM_BYTES, engine_memory_kw
 from omni_backends.backend import Capabilities
@@ -85,7 +86,12 @@ def test_device_defaults_eager_in_process_on_cpu_vllm_defaults_elsewhere(monkeyp
     assert (forced.enforce_eager, forced.multiprocess) == (True, False) and engine_kw(forced)["enforce_eager"]
     graphs = device_defaults(RunConfig(graph_mode="piecewise"), FakeBackend())
     assert engine_kw(graphs)["compilation_config"] == {"cudagraph_mode": "PIECEWISE"}
-    assert engine_kw(gpu)["dtype"] == "float32"
+    assert "dtype" not in engine_kw(gpu)  # a stage's dtype is its declaration's: the demo's fp32 on every stage
+    from core.pipeline.declarations.demo import DEMO
+
+    model = PipelineModel(model_dir="/demo", sample_rate=16000, samples_per_frame=160, voices=[],
+                          window=ChunkWindow(16, 16))
+    assert {s.engine_args(model, gpu)["dtype"] for s in DEMO.stages} == {"float32"}
 
 
 def test_declared_graphs_on_a_platform_without_graphs_stay_eager_in_process(monkeypatch):

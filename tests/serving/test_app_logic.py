@@ -16,23 +16,28 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from core.pipeline.declarations.demo import SpeechRequest, check_request  # noqa: E402
+from core.pipeline.declarations.demo import DEMO, SpeechRequest, check_request, parse_speech  # noqa: E402
+from core.pipeline.fields import MAX_INPUT_CHARS  # noqa: E402
 from core.pipeline.graph.requests import AudioChunk, SpeechResult  # noqa: E402
+from core.pipeline.spec import ChunkWindow, PipelineModel  # noqa: E402
 from core.serving.app import ServerState, build_app  # noqa: E402
 from core.serving.metrics import ServingMetrics  # noqa: E402
-from core.serving.protocol import MAX_INPUT_CHARS, parse_speech  # noqa: E402
 from omni_backends.errors import StageFailedError  # noqa: E402
 
 
 class FakeGraph:
     """Chunks of ``chunk`` samples; ``gate`` holds synthesis until set; ``fail_at`` raises StageFailedError
-    before that chunk; ``dead_stage`` as the graph's. Checks a request with the stage graph's own check
-    (``check_request``; a text with "too long" in it counts 700 thinker tokens). Records checks, starts and
+    before that chunk; ``dead_stage`` as the graph's. Its ``spec`` is the demo's declaration (whose speech
+    adapter parses the body), its ``model`` the demo's three voices. Checks a request with the stage graph's own
+    check (``check_request``; a text with "too long" in it counts 700 thinker tokens). Records checks, starts and
     closes; yields the graph's own ``AudioChunk`` / ``SpeechResult``."""
 
     sample_rate = 16000
     num_voices = 3
     voices = ["voice-0", "voice-1", "voice-2"]
+    spec = DEMO
+    model = PipelineModel(model_dir="fake", sample_rate=16000, samples_per_frame=160, voices=voices,
+                          window=ChunkWindow(16, 16))
 
     def __init__(self, n_chunks: int = 3, chunk: int = 5):
         self.n_chunks, self.chunk = n_chunks, chunk
@@ -79,7 +84,7 @@ class FakeGraph:
 
 def _app(graph: FakeGraph, **kw):
     dead: list[str] = []
-    state = ServerState(model_name="omni-demo", request_cls=SpeechRequest, on_stage_dead=dead.append,
+    state = ServerState(model_name="omni-demo", on_stage_dead=dead.append,
                         metrics=ServingMetrics(), **kw)
     return build_app(graph, state), state, dead
 
@@ -180,14 +185,17 @@ def test_unknown_model_is_404_and_missing_body_is_400():
 
 
 def test_parse_speech_defaults_and_forms():
-    o = parse_speech({"model": "m", "input": "hi", "voice": {"id": "voice-2"}}, model_name="m", num_voices=3)
-    assert (o.voice, o.seed, o.max_tokens, o.response_format, o.stream, o.stream_format) == (2, 0, 32, "wav",
-                                                                                            False, None)
+    model = FakeGraph.model
+    o = parse_speech({"model": "m", "input": "hi", "voice": {"id": "voice-2"}}, model_name="m", model=model,
+                     request_id="r")
+    r = o.request
+    assert (r.voice, r.seed, r.max_tokens, r.request_id, o.response_format, o.stream, o.stream_format) == (
+        2, 0, 32, "r", "wav", False, None)
     o = parse_speech({"model": "m", "input": "hi", "voice": "voice-0", "stream_format": "sse"}, model_name="m",
-                     num_voices=1)
+                     model=model, request_id="r")
     assert (o.stream, o.stream_format, o.response_format) == (True, "sse", "pcm")  # sse streams by itself
     o = parse_speech({"model": "m", "input": "hi", "voice": "voice-0", "stream": True, "speed": 1}, model_name="m",
-                     num_voices=1)
+                     model=model, request_id="r")
     assert (o.stream, o.stream_format, o.response_format) == (True, "audio", "pcm")
 
 

@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator, Callable
 
 from core.pipeline.config import GraphConfig
 from core.pipeline.faults import failure_cause
+from core.pipeline.fields import check_request_id
 from core.pipeline.graph.engines import _release_all, start_engines
 from core.pipeline.graph.requests import AudioChunk, SpeechResult
 from core.pipeline.spec import PipelineModel, PipelineSpec, StageSpec
@@ -139,8 +140,6 @@ class StageGraph:
         """Check ``req`` without engine work: the declaration's check (``PipelineSpec.check``: its fields against
         the models, e.g. voices, the prompt's length) with the requests in flight, and ``request_id`` (when
         given) neither empty nor in flight; raises :class:`BadInputError` (a ``ValueError``) naming the field."""
-        from core.pipeline.declarations.demo import check_request_id
-
         check_request_id(request_id, self._in_flight)
         self.spec.check(self.model, req, self._in_flight)
 
