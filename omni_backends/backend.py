@@ -143,6 +143,15 @@ class Capabilities:
       (``GPUModelRunner._bookkeeping_sync``); where this is False (a CPU
       generator) the core's engine factory turns vLLM's chunked prefill off
       (``EngineArgs.enable_chunked_prefill=False``) unless the caller sets it.
+    - ``synchronous_copies``: the device completes every copy when it is
+      issued (host memory, no queue: the cpu driver), so nothing is ever in
+      flight on its streams. Read by the conformance kit only: where it is
+      False the kit proves that ``KitOps.queue_copy`` leaves a copy in flight
+      on the current stream before its ordering checks (``to-host``,
+      ``streams-events``) rely on one, and fails the driver (contract
+      ``kit-ops``) when it cannot; where it is True those ordering checks are
+      reported skipped with this reason, and the kit checks that
+      ``queue_copy`` has landed on return.
     """
 
     static_graph_modes: tuple[str, ...] = ()
@@ -154,6 +163,7 @@ class Capabilities:
     talker_mtp_graph: bool = False
     events: bool = False
     generator_offsets: bool = True
+    synchronous_copies: bool = False
 
     @property
     def static_graphs(self) -> bool:

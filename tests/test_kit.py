@@ -109,6 +109,91 @@ def test_example_driver_passes_the_device_tier(kit_runs):
                  "test_device_ops.py::test_to_host_waits_for_queued_copies",
                  "test_device_ops.py::test_stream_context_sets_and_restores"):
         assert any(test in t["nodeid"] and t["outcome"] == "passed" for t in doc["tests"]), test
+    # the ordering checks relied on copies the kit saw still in flight (simdev queues them on its streams)
+    ordering = doc["ordering"]
+    assert ordering["synchronous_copies"] is False
+    checks = {c["nodeid"].split("::")[-1]: c for c in ordering["checks"]}
+    assert set(checks) == {"test_to_host_waits_for_queued_copies", "test_stream_event_ordering"}, checks
+    assert checks["test_to_host_waits_for_queued_copies"]["contract"] == "to-host"
+    assert checks["test_stream_event_ordering"]["contract"] == "streams-events"
+    for c in checks.values():
+        assert c["outcome"] == "passed" and c["in_flight"] is True, c
+        assert c["copies_queued"] == c["copies_in_flight"] >= 1, c
+
+
+def _ordering(doc: dict) -> dict[str, dict]:
+    return {c["nodeid"].split("::")[-1]: c for c in doc["ordering"]["checks"]}
+
+
+def test_a_queue_copy_that_does_not_queue_fails_kit_ops_saying_what_to_write(kit_runs):
+    """Issue 48: simdev with the shared base's ``queue_copy`` (it copies at once there) and a ``to_host`` that
+    does not flush. The ordering checks would pass vacuously; the kit fails ``kit-ops`` before relying on the copy,
+    says what to write, and the report shows the checks ran with nothing in flight."""
+    doc = kit_runs["simdev-broken-queue-copy"]
+    reasons = [t["reason"] or "" for t in _failures(doc)]
+    named = [r for r in reasons if "conformance contract 'kit-ops' broken" in r]
+    assert len(named) == 3, reasons  # the proof, then both ordering checks, each before relying on the copy
+    for r in named:
+        assert "left nothing in flight" in r and "GenericKitOps.queue_copy" in r, r
+        assert "Write queue_copy with your device's own non-blocking copy" in r and "synchronous_copies=True" in r
+    assert not any("'to-host' broken" in r or "'streams-events' broken" in r for r in reasons), reasons
+    for c in _ordering(doc).values():
+        assert c["outcome"] == "failed" and c["in_flight"] is False and c["copies_in_flight"] == 0, c
+    # the same to_host fault with a queue_copy that queues is caught by the to-host check, the copy in flight
+    to_host = _ordering(kit_runs["simdev-broken-to-host"])["test_to_host_waits_for_queued_copies"]
+    assert to_host["outcome"] == "failed" and to_host["in_flight"] is True
+    assert "conformance contract 'to-host' broken" in to_host["reason"]
+
+
+def test_cpu_driver_reports_its_ordering_checks_skipped_with_the_reason(tmp_path):
+    """The cpu driver declares ``synchronous_copies`` (host memory: its copies land when issued): its ordering
+    checks say skipped and why instead of passing with nothing in flight, and the kit holds it to the
+    declaration (``queue_copy`` has landed on return)."""
+    report = tmp_path / "cpu.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", "--pyargs",
+         "omni_backends.testing.suite.test_device_ops", "--device", "cpu", "--omni-report", str(report)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    doc = json.loads(report.read_text())
+    assert doc["driver"]["capabilities"]["synchronous_copies"] is True
+    assert doc["ordering"]["synchronous_copies"] is True
+    checks = _ordering(doc)
+    assert set(checks) == {"test_to_host_waits_for_queued_copies", "test_stream_event_ordering"}, checks
+    for c in checks.values():
+        assert c["outcome"] == "skipped" and c["in_flight"] is None and c["copies_queued"] == 0, c
+        assert "declares Capabilities.synchronous_copies" in c["reason"] and c["contract"] in c["reason"], c
+    outcomes = {t["nodeid"].split("::")[-1]: t["outcome"] for t in doc["tests"]}
+    assert outcomes["test_queue_copy_follows_the_declared_copy_model"] == "passed"
+    assert "declares Capabilities.synchronous_copies" in proc.stdout  # -rs prints the reason
+
+
+def test_a_false_synchronous_copies_declaration_fails_kit_ops(tmp_path):
+    """A driver that declares ``synchronous_copies`` to have its ordering checks skipped, while its
+    ``queue_copy`` queues, fails ``kit-ops``: the declaration is checked, not trusted."""
+    _simdev_installed()
+    (tmp_path / "dists").mkdir()
+    (tmp_path / "liar.py").write_text(textwrap.dedent("""
+        import dataclasses
+        from omni_simdev.driver import SimDevBackend
+
+        class ClaimsSynchronousCopies(SimDevBackend):
+            name = "simdev-claims-sync"
+
+            def capabilities(self):
+                return dataclasses.replace(super().capabilities(), synchronous_copies=True)
+    """))
+    dists = _register(tmp_path / "dists", {"simdev-claims-sync": ("liar:ClaimsSynchronousCopies", None, None)})
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env["PYTHONPATH"] = os.pathsep.join([str(dists), str(tmp_path), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    report = tmp_path / "liar.json"
+    subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--pyargs",
+                    "omni_backends.testing.suite.test_device_ops", "--device", "simdev-claims-sync",
+                    "--omni-report", str(report)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    tests = {t["nodeid"].split("::")[-1]: t for t in json.loads(report.read_text())["tests"]}
+    proof = tests["test_queue_copy_follows_the_declared_copy_model"]
+    assert proof["outcome"] == "failed", proof
+    assert "conformance contract 'kit-ops' broken" in proof["reason"] and "drop the flag" in proof["reason"]
 
 
 def test_every_device_tier_contract_has_a_broken_variant(broken_module):
@@ -121,7 +206,7 @@ def test_every_device_tier_contract_has_a_broken_variant(broken_module):
 
 
 @pytest.mark.parametrize("variant", [
-    "missing", "version", "kitops", "probe", "memory", "events", "stream-restore", "stream-noop", "generator",
+    "missing", "version", "kitops", "queue-copy", "probe", "memory", "events", "stream-restore", "stream-noop", "generator",
     "graph", "wrap-graph", "cuda-graphs", "copy", "to-host", "buffer", "fc-slots", "fc-tokens", "capture-sizes",
     "attn-metadata", "kv-padding", "sampler", "ties"])
 def test_broken_variant_fails_naming_the_contract(kit_runs, broken_module, variant):

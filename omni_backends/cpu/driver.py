@@ -39,6 +39,7 @@ _CAPABILITIES = Capabilities(
     talker_mtp_graph=False,
     events=True,  # _CpuEvent: CPU work is complete when issued
     generator_offsets=False,  # torch's CPU generator (Mersenne Twister) has no offset to rewind
+    synchronous_copies=True,  # host memory, no queue: every copy has landed when the call returns
 )
 
 

@@ -23,7 +23,9 @@ from omni_backends.testing.kit_ops import missing_kit_ops
 CONTRACTS: dict[str, str] = {
     "interface-completeness": "every abstract method of Backend is implemented and every identity attribute is set",
     "interface-version": f"Backend.interface_versions contains this kit's INTERFACE_VERSION ({INTERFACE_VERSION})",
-    "kit-ops": "the driver implements every device operation of omni_backends.testing.kit_ops.KitOps",
+    "kit-ops": "the driver implements every device operation of omni_backends.testing.kit_ops.KitOps, and "
+    "queue_copy() leaves the copy in flight on the current stream (unless capabilities().synchronous_copies, "
+    "where it has landed on return)",
     "probe": "probe() never raises and returns a ProbeResult",
     "device-ops": "device(), set_device(), device_count(), synchronize(), memory_info(), empty_cache() behave as documented",
     "streams-events": "work recorded on a side stream is visible after waiting on an event recorded after it",
@@ -47,6 +49,12 @@ CONTRACTS: dict[str, str] = {
     "sampler-equivalence": "make_sampler() samples what the reference sampler samples (ties, top-k/top-p edges)",
     "engine": "the omni runner built over the driver's bases runs the demo thinker like stock vLLM",
 }
+
+
+#: user properties an ordering check of the suite records (pytest's ``record_property``): the contract it checks,
+#: and per copy it queued with ``queue_copy`` whether that copy was shown in flight; ``--omni-report`` lists them
+#: under ``ordering``
+ORDERING_CHECK, IN_FLIGHT = "ordering_check", "in_flight"
 
 
 class ContractViolation(AssertionError):
@@ -309,6 +317,8 @@ __all__ = [
     "ContractViolation",
     "DriverUnderTest",
     "IDENTITY_ATTRIBUTES",
+    "IN_FLIGHT",
+    "ORDERING_CHECK",
     "check_interface",
     "check_kit_ops",
     "expect",

@@ -163,6 +163,7 @@ class JsonReport:
 
     Layout: ``{"kit": {version, interface_version, source_url, commit, requested_revision, editable, dirty,
     command, python, host, started, duration_s, exitstatus}, "driver": {...}, "summary": {"passed": n, ...},
+    "ordering": {"synchronous_copies", "checks": [...]} (:meth:`ordering`),
     "tests": [{"nodeid", "outcome", "tier", "duration_s", "reason"}]}``;
     ``outcome`` is ``passed``/``failed``/``skipped``/``error`` (setup or
     teardown failure) and ``reason`` carries the skip reason or failure message.
@@ -172,11 +173,14 @@ class JsonReport:
         self.config = config
         self.path = path
         self.tests: dict[str, dict[str, Any]] = {}
+        self.properties: dict[str, list[tuple[str, Any]]] = {}
         self.started = time.time()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         rec = self.tests.setdefault(report.nodeid, {"nodeid": report.nodeid, "outcome": None, "reason": None,
                                                     "duration_s": 0.0, "tier": _tier(report)})
+        if report.user_properties:
+            self.properties[report.nodeid] = list(report.user_properties)
         rec["duration_s"] = round(rec["duration_s"] + report.duration, 4)
         if report.skipped:
             rec["outcome"] = "skipped"
@@ -216,11 +220,35 @@ class JsonReport:
             },
             "driver": driver,
             "summary": summary,
+            "ordering": self.ordering(driver),
             "tests": tests,
         }
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         with open(self.path, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, indent=2, default=str)
+
+
+    def ordering(self, driver: dict[str, Any]) -> dict[str, Any]:
+        """The report's ``ordering`` section: the driver's declared ``synchronous_copies`` and, per check that
+        relies on ``queue_copy`` leaving a copy in flight (the suite records them through ``record_property``,
+        ``omni_backends.testing.suite._helpers.ordering_check`` / ``queue_in_flight``), its ``contract``, ``outcome``, ``reason``,
+        ``copies_queued`` / ``copies_in_flight`` (copies it queued / shown still in flight before it relied on
+        them) and ``in_flight``: True when every copy it relied on was shown in flight, False when one was not
+        (the check failed ``kit-ops``), None when it queued none (skipped, or failed before)."""
+        from omni_backends.testing.kit import IN_FLIGHT, ORDERING_CHECK
+
+        checks = []
+        for nodeid, props in self.properties.items():
+            contract = next((v for k, v in props if k == ORDERING_CHECK), None)
+            if contract is None:
+                continue
+            shown = [bool(v) for k, v in props if k == IN_FLIGHT]
+            test = self.tests.get(nodeid, {})
+            checks.append({"nodeid": nodeid, "contract": contract, "outcome": test.get("outcome"),
+                           "in_flight": all(shown) if shown else None, "copies_queued": len(shown),
+                           "copies_in_flight": sum(shown), "reason": test.get("reason")})
+        caps = driver.get("capabilities") if isinstance(driver.get("capabilities"), dict) else {}
+        return {"synchronous_copies": caps.get("synchronous_copies"), "checks": checks}
 
 
 def _tier(report: pytest.TestReport) -> str | None:

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from omni_backends.testing.kit import expect
-from omni_backends.testing.suite._helpers import host_memory_device, keep_device_busy, pattern
+from omni_backends.testing.suite._helpers import (host_memory_device, keep_device_busy, ordering_check, pattern,
+                                                  queue_in_flight, snapshot)
 
 pytestmark = pytest.mark.device_tier
 
@@ -78,17 +79,40 @@ def test_to_host_is_complete_on_return(backend):
     del busy
 
 
-def test_to_host_waits_for_queued_copies(backend):
-    """Copies still queued on the current stream (``queue_copy``, behind queued work) land before ``to_host``
-    returns: the ordering stress runs on a simulated device too, whose queued copies land only at a flush."""
+def test_queue_copy_follows_the_declared_copy_model(backend, record_property):
+    """``queue_copy`` leaves its copy in flight on the current stream (queued behind work there, its destination
+    read off the stream does not hold the copy yet), as the ordering checks need; where the driver declares
+    ``Capabilities.synchronous_copies`` the copy has landed on return instead."""
+    n = 1 << 18
+    dst = torch.zeros(n, dtype=torch.int64, device=backend.device())
+    src, want = pattern(n, 7).to(backend.device()), pattern(n, 7)
+    if backend.capabilities().synchronous_copies:
+        backend.synchronize()
+        backend.queue_copy(dst, src)
+        held = snapshot(backend, dst)
+        expect(torch.equal(held, want), "kit-ops",
+               f"driver {backend.name!r} declares Capabilities.synchronous_copies but queue_copy(dst, src) returned "
+               f"with {int((held != want).sum())} of {n} elements not yet copied: its copies are queued, so drop "
+               "the flag (the kit's ordering checks then run on them)")
+        return
+    busy = queue_in_flight(backend, dst, src, want, record_property, "kit-ops")
+    backend.synchronize()
+    expect(torch.equal(backend.to_host(dst), want), "kit-ops",
+           "the copy queued by queue_copy(dst, src) has not landed after synchronize()")
+    del busy
+
+
+def test_to_host_waits_for_queued_copies(backend, record_property):
+    """Copies still queued on the current stream (``queue_copy``, behind queued work, shown in flight) land
+    before ``to_host`` returns: the ordering stress runs on a simulated device too, whose queued copies land only
+    at a flush."""
+    ordering_check(backend, record_property, "to-host")
     n = 1 << 18
     for step in range(1, 4):
-        busy = keep_device_busy(backend)
         dst = torch.zeros(n, dtype=torch.int64, device=backend.device())
-        src = pattern(n, step).to(backend.device())
-        backend.queue_copy(dst, src)
+        src, want = pattern(n, step).to(backend.device()), pattern(n, step)
+        busy = queue_in_flight(backend, dst, src, want, record_property, "to-host")
         host = backend.to_host(dst)
-        want = pattern(n, step)
         expect(torch.equal(host, want), "to-host",
                f"step {step}: to_host() returned before the copy queued into the tensor landed "
                f"({int((host != want).sum())} of {n} elements are not the copied values)")
@@ -119,9 +143,10 @@ def test_stream_context_sets_and_restores_the_current_stream(backend):
            "after a stream_context(s) block ended with an exception the previous stream was not restored")
 
 
-def test_stream_event_ordering(backend):
-    """Work queued on a side stream (a copy behind queued work there) is complete for work issued after
-    waiting on an event recorded on that stream after it."""
+def test_stream_event_ordering(backend, record_property):
+    """Work queued on a side stream (a copy behind queued work there, shown in flight) is complete for work
+    issued after waiting on an event recorded on that stream after it."""
+    ordering_check(backend, record_property, "streams-events")
     dev = backend.device()
     n = 1 << 16
     src = torch.arange(n, dtype=torch.float32, device=dev)
@@ -129,10 +154,10 @@ def test_stream_event_ordering(backend):
     done = backend.new_event()
     side.wait_stream(backend.current_stream())
     with backend.stream_context(side):
-        busy = keep_device_busy(backend, rounds=8)
         out = src * 3
         landed = torch.zeros(n, dtype=torch.float32, device=dev)
-        backend.queue_copy(landed, out)
+        busy = queue_in_flight(backend, landed, out, torch.arange(n, dtype=torch.float32) * 3, record_property,
+                               "streams-events")
         done.record()
     done.wait(backend.current_stream())
     res = landed + 1
@@ -150,6 +175,7 @@ def test_event_timing(backend):
     torch.ones(1 << 16, device=backend.device()).sum()
     end.record()
     end.synchronize()
+    expect(end.query(), "streams-events", "event.query() is False after event.synchronize()")
     ms = start.elapsed_time(end)
     expect(isinstance(ms, float) and ms >= 0.0, "streams-events", f"elapsed_time() returned {ms!r} (want ms >= 0)")
 

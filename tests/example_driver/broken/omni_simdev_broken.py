@@ -4,7 +4,9 @@ Not part of the simdev distribution: ``tests/test_kit.py`` registers each
 class under its own driver name (a generated ``.dist-info`` with an
 ``omni_backends.drivers`` entry point) and checks that the conformance kit
 fails it with a message naming the broken contract. Every variant differs
-from :class:`omni_simdev.driver.SimDevBackend` in exactly one place.
+from :class:`omni_simdev.driver.SimDevBackend` in exactly one place, but one:
+:class:`QueueCopyDoesNotQueue`, a vendor's report (issue 48) of two faults
+where the first hid the second from the kit's ordering checks.
 """
 
 from __future__ import annotations
@@ -229,6 +231,15 @@ class ToHostTooEarly(SimDevBackend):
         return tensor.detach().clone()
 
 
+class QueueCopyDoesNotQueue(_without(SimDevBackend, "queue_copy", "simdev-broken-queue-copy")):
+    """kit ops: ``queue_copy`` was never written, so the shared base's ``dst.copy_(src, non_blocking=True)`` copies
+    at once on this device that queues its copies (nothing is ever in flight for the ordering checks), and
+    ``to_host`` returns without flushing the copies queued into the tensor (which those checks would catch)."""
+
+    name = "simdev-broken-queue-copy"
+    to_host = ToHostTooEarly.to_host
+
+
 class UnpinnedBuffer(SimDevBackend):
     """buffer: ``.np`` is a copy, not a view of ``.cpu``."""
 
@@ -313,6 +324,8 @@ VARIANTS = {
                               "test_interface.py::test_every_abstract_method_is_implemented"),
     "simdev-broken-kitops": ("omni_simdev_broken:MissingKitOp", "kit-ops",
                              "test_interface.py::test_every_abstract_method_is_implemented"),
+    "simdev-broken-queue-copy": ("omni_simdev_broken:QueueCopyDoesNotQueue", "kit-ops",
+                                 "test_device_ops.py::test_to_host_waits_for_queued_copies"),
     "simdev-broken-probe": ("omni_simdev_broken:ProbeRaises", "probe", "test_interface.py::test_probe_returns_result"),
     "simdev-broken-memory": ("omni_simdev_broken:SwappedMemoryInfo", "device-ops",
                              "test_device_ops.py::test_memory_info_and_empty_cache"),

@@ -106,6 +106,7 @@ class SimDevBackend(VllmUpstreamBackend):
             talker_mtp_graph=True,
             events=True,  # SimEvent
             generator_offsets=False,  # simulated on CPU tensors: torch's CPU generator has no offset
+            synchronous_copies=False,  # queue_copy queues on the current SimStream (it lands at a flush)
         )
 
     # ----------------------------------------------------------- device ops
