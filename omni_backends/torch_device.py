@@ -38,7 +38,9 @@ class GenericKitOps:
 
     def queue_copy(self, dst: Any, src: Any) -> None:
         """``dst.copy_(src, non_blocking=True)``: torch queues the copy on the current stream of an
-        accelerator (on a host-memory device it completes at once)."""
+        accelerator. On tensors torch sees as host tensors it completes at once: a driver whose device queues
+        copies there (a simulated device) writes its own, one whose device has no queue declares
+        ``Capabilities.synchronous_copies`` (the conformance kit fails ``kit-ops`` otherwise)."""
         dst.copy_(src, non_blocking=True)
 
     def is_device_tensor(self, tensor: Any) -> bool:

@@ -206,9 +206,9 @@ def test_every_device_tier_contract_has_a_broken_variant(broken_module):
 
 
 @pytest.mark.parametrize("variant", [
-    "missing", "version", "kitops", "queue-copy", "probe", "memory", "events", "stream-restore", "stream-noop", "generator",
-    "graph", "wrap-graph", "cuda-graphs", "copy", "to-host", "buffer", "fc-slots", "fc-tokens", "capture-sizes",
-    "attn-metadata", "kv-padding", "sampler", "ties"])
+    "missing", "version", "kitops", "queue-copy", "probe", "memory", "events", "stream-restore", "stream-noop",
+    "generator", "graph", "wrap-graph", "cuda-graphs", "copy", "to-host", "buffer", "fc-slots", "fc-tokens",
+    "capture-sizes", "attn-metadata", "kv-padding", "sampler", "ties"])
 def test_broken_variant_fails_naming_the_contract(kit_runs, broken_module, variant):
     """The kit fails the variant; the test the contract is about fails, naming that contract; every other
     failure names a contract too (never a raw error), the variant's own unless it is a stated consequence."""

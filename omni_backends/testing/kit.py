@@ -55,6 +55,9 @@ CONTRACTS: dict[str, str] = {
 #: and per copy it queued with ``queue_copy`` whether that copy was shown in flight; ``--omni-report`` lists them
 #: under ``ordering``
 ORDERING_CHECK, IN_FLIGHT = "ordering_check", "in_flight"
+#: the contracts whose checks rely on ``KitOps.queue_copy`` leaving a copy in flight (skipped with the reason where
+#: a driver declares ``Capabilities.synchronous_copies``)
+ORDERING_CONTRACTS = ("to-host", "streams-events")
 
 
 class ContractViolation(AssertionError):
@@ -319,6 +322,7 @@ __all__ = [
     "IDENTITY_ATTRIBUTES",
     "IN_FLIGHT",
     "ORDERING_CHECK",
+    "ORDERING_CONTRACTS",
     "check_interface",
     "check_kit_ops",
     "expect",

@@ -49,7 +49,10 @@ class KitOps(Protocol):
         """Copy ``src`` into the device tensor ``dst`` without waiting: the device's non-blocking copy, queued
         on the current stream (``dst.copy_(src, non_blocking=True)`` on a torch accelerator). The kit uses it
         to leave a copy in flight where a check needs one (``to_host``, streams and events), on a simulated
-        device as on a real one."""
+        device as on a real one, and proves the copy is still in flight (its destination, read off the stream,
+        does not hold it yet) before relying on it: a copy that has already landed fails ``kit-ops``. Where
+        ``Capabilities.synchronous_copies`` (a device with no queue) the copy has landed on return instead, and
+        the checks that need one in flight are skipped with that reason."""
 
     def empty_cache(self) -> None:
         """Release cached, unused allocator blocks (``torch.accelerator.empty_cache``)."""

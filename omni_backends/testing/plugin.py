@@ -230,9 +230,9 @@ class JsonReport:
 
     def ordering(self, driver: dict[str, Any]) -> dict[str, Any]:
         """The report's ``ordering`` section: the driver's declared ``synchronous_copies`` and, per check that
-        relies on ``queue_copy`` leaving a copy in flight (the suite records them through ``record_property``,
-        ``omni_backends.testing.suite._helpers.ordering_check`` / ``queue_in_flight``), its ``contract``, ``outcome``, ``reason``,
-        ``copies_queued`` / ``copies_in_flight`` (copies it queued / shown still in flight before it relied on
+        relies on ``queue_copy`` leaving a copy in flight (the suite records them through ``record_property``:
+        ``omni_backends.testing.suite._helpers.ordering_check`` / ``queue_in_flight``), its ``contract``,
+        ``outcome``, ``reason``, ``copies_queued`` / ``copies_in_flight`` (copies it queued / shown still in flight before it relied on
         them) and ``in_flight``: True when every copy it relied on was shown in flight, False when one was not
         (the check failed ``kit-ops``), None when it queued none (skipped, or failed before)."""
         from omni_backends.testing.kit import IN_FLIGHT, ORDERING_CHECK

@@ -7,7 +7,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from omni_backends.testing.kit import IN_FLIGHT, ORDERING_CHECK, ContractViolation
+from omni_backends.testing.kit import IN_FLIGHT, ORDERING_CHECK, ORDERING_CONTRACTS, ContractViolation
 
 #: rounds of queued work (:func:`keep_device_busy`) tried in turn on an accelerator before the kit concludes that
 #: ``queue_copy`` does not leave its copy in flight (a fast device may finish the shorter ones first)
@@ -90,12 +90,15 @@ def queue_in_flight(backend, dst: torch.Tensor, src: torch.Tensor, want: torch.T
         dst.zero_()
     record(IN_FLIGHT, False)
     behind = f" even behind {rounds[-1]} rounds of queued matmuls on the current stream" if rounds[-1] else ""
+    checks = (f"the '{contract}' check, which needs a copy still queued on the stream," if contract != "kit-ops" else
+              f"the ordering checks ({', '.join(ORDERING_CONTRACTS)}), which need a copy still queued on the stream,")
     raise ContractViolation(
         "kit-ops",
         f"{type(backend).__qualname__}.queue_copy(dst, src) left nothing in flight: the destination already held "
-        f"the copied values when it returned{behind}, so the '{contract}' check, which needs a copy still queued "
-        f"on the stream, would pass whatever the driver does. queue_copy is {_defined_by(type(backend), 'queue_copy')}."
+        f"the copied values when it returned{behind}, so {checks} would pass whatever the driver does. "
+        f"queue_copy is {_defined_by(type(backend), 'queue_copy')}."
         " Write queue_copy with your device's own non-blocking copy, enqueued on the current stream (the shared "
         "base's dst.copy_(src, non_blocking=True) copies at once where torch sees host tensors); or, if your "
         "device completes every copy when it is issued, declare Capabilities(synchronous_copies=True) and the "
-        "ordering checks are skipped with that reason (docs/vendor-guide.md, 'Declare capabilities')")
+        "ordering checks are skipped with that reason (docs/vendor-guide.md: the queue_copy rule, and 'Declare "
+        "capabilities')")
