@@ -1,5 +1,5 @@
 """The conformance kit passes the example out-of-tree driver and fails each broken copy of it,
-naming the broken contract: the kit's own mutation test (issues 8, 38). One broken variant per contract the
+naming the broken contract: the kit's own mutation test (issues 8, 38, 48). One broken variant per contract the
 device tier checks (``tests/example_driver/broken/omni_simdev_broken.py``).
 
 Each run is a real ``pytest --pyargs omni_backends.testing.suite --device NAME``, all of them in two Python
