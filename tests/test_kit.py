@@ -119,6 +119,7 @@ def test_example_driver_passes_the_device_tier(kit_runs):
     for c in checks.values():
         assert c["outcome"] == "passed" and c["in_flight"] is True, c
         assert c["copies_queued"] == c["copies_in_flight"] >= 1, c
+        assert c["evidence"] == ["destination"], c  # a host-memory device: only the destination counts
 
 
 def _ordering(doc: dict) -> dict[str, dict]:

@@ -52,9 +52,10 @@ CONTRACTS: dict[str, str] = {
 
 
 #: user properties an ordering check of the suite records (pytest's ``record_property``): the contract it checks,
-#: and per copy it queued with ``queue_copy`` whether that copy was shown in flight; ``--omni-report`` lists them
-#: under ``ordering``
-ORDERING_CHECK, IN_FLIGHT = "ordering_check", "in_flight"
+#: and per copy it queued with ``queue_copy`` whether that copy was shown in flight and by what (``destination``:
+#: read off the stream, it did not hold the copy yet; ``stream query``: the stream had not finished the work up to
+#: it); ``--omni-report`` lists them under ``ordering``
+ORDERING_CHECK, IN_FLIGHT, IN_FLIGHT_EVIDENCE = "ordering_check", "in_flight", "in_flight_evidence"
 #: the contracts whose checks rely on ``KitOps.queue_copy`` leaving a copy in flight (skipped with the reason where
 #: a driver declares ``Capabilities.synchronous_copies``)
 ORDERING_CONTRACTS = ("to-host", "streams-events")
@@ -321,6 +322,7 @@ __all__ = [
     "DriverUnderTest",
     "IDENTITY_ATTRIBUTES",
     "IN_FLIGHT",
+    "IN_FLIGHT_EVIDENCE",
     "ORDERING_CHECK",
     "ORDERING_CONTRACTS",
     "check_interface",

@@ -227,15 +227,15 @@ class JsonReport:
         with open(self.path, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, indent=2, default=str)
 
-
     def ordering(self, driver: dict[str, Any]) -> dict[str, Any]:
         """The report's ``ordering`` section: the driver's declared ``synchronous_copies`` and, per check that
         relies on ``queue_copy`` leaving a copy in flight (the suite records them through ``record_property``:
         ``omni_backends.testing.suite._helpers.ordering_check`` / ``queue_in_flight``), its ``contract``,
-        ``outcome``, ``reason``, ``copies_queued`` / ``copies_in_flight`` (copies it queued / shown still in flight before it relied on
-        them) and ``in_flight``: True when every copy it relied on was shown in flight, False when one was not
-        (the check failed ``kit-ops``), None when it queued none (skipped, or failed before)."""
-        from omni_backends.testing.kit import IN_FLIGHT, ORDERING_CHECK
+        ``outcome``, ``reason``, ``copies_queued`` / ``copies_in_flight`` (copies it queued / shown still in
+        flight before it relied on them), ``evidence`` (what showed them in flight: ``destination`` and/or
+        ``stream query``) and ``in_flight``: True when every copy it relied on was shown in flight, False when
+        one was not (the check failed ``kit-ops``), None when it queued none (skipped, or failed before)."""
+        from omni_backends.testing.kit import IN_FLIGHT, IN_FLIGHT_EVIDENCE, ORDERING_CHECK
 
         checks = []
         for nodeid, props in self.properties.items():
@@ -243,10 +243,11 @@ class JsonReport:
             if contract is None:
                 continue
             shown = [bool(v) for k, v in props if k == IN_FLIGHT]
+            evidence = sorted({str(v) for k, v in props if k == IN_FLIGHT_EVIDENCE})
             test = self.tests.get(nodeid, {})
             checks.append({"nodeid": nodeid, "contract": contract, "outcome": test.get("outcome"),
                            "in_flight": all(shown) if shown else None, "copies_queued": len(shown),
-                           "copies_in_flight": sum(shown), "reason": test.get("reason")})
+                           "copies_in_flight": sum(shown), "evidence": evidence, "reason": test.get("reason")})
         caps = driver.get("capabilities") if isinstance(driver.get("capabilities"), dict) else {}
         return {"synchronous_copies": caps.get("synchronous_copies"), "checks": checks}
 

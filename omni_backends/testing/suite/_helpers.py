@@ -7,7 +7,8 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from omni_backends.testing.kit import IN_FLIGHT, ORDERING_CHECK, ORDERING_CONTRACTS, ContractViolation
+from omni_backends.testing.kit import (IN_FLIGHT, IN_FLIGHT_EVIDENCE, ORDERING_CHECK, ORDERING_CONTRACTS,
+                                      ContractViolation)
 
 #: rounds of queued work (:func:`keep_device_busy`) tried in turn on an accelerator before the kit concludes that
 #: ``queue_copy`` does not leave its copy in flight (a fast device may finish the shorter ones first)
@@ -71,20 +72,28 @@ def queue_in_flight(backend, dst: torch.Tensor, src: torch.Tensor, want: torch.T
                     record: Callable[[str, Any], None], contract: str) -> torch.Tensor:
     """``backend.queue_copy(dst, src)`` on the current stream, behind queued work (:func:`keep_device_busy`),
     proven to be in flight on return: :func:`snapshot` of ``dst`` does not yet hold ``want`` (the CPU tensor
-    ``src`` holds). Synchronizes the device first, so ``dst`` and ``src`` are settled and only the copy is new.
-    On an accelerator a copy that already landed is retried behind longer work (:data:`IN_FLIGHT_ROUNDS`).
+    ``src`` holds), or, on an accelerator, the current stream's ``query()`` taken right after the copy says work
+    issued up to it has not finished (a copy on that stream completes only after it). On a host-memory device
+    only the destination counts: a copy there may land at once whatever its stream holds. Synchronizes the device
+    first, so ``dst`` and ``src`` are settled and only the copy is new. On an accelerator a copy that already
+    landed is retried behind longer work (:data:`IN_FLIGHT_ROUNDS`).
 
-    Records ``(IN_FLIGHT, True)`` through ``record`` and returns the busy tensor (keep it alive until the copy
-    is synchronised). Raises :class:`~omni_backends.testing.kit.ContractViolation` (``kit-ops``), after recording
-    ``(IN_FLIGHT, False)``, when the copy landed every time: the check of ``contract`` would then pass whatever
-    the driver does."""
-    rounds = (0,) if host_memory_device(backend) else IN_FLIGHT_ROUNDS
+    Records ``(IN_FLIGHT, True)`` and ``(IN_FLIGHT_EVIDENCE, "destination" or "stream query")`` through ``record``
+    and returns the busy tensor (keep it alive until the copy is synchronised). Raises
+    :class:`~omni_backends.testing.kit.ContractViolation` (``kit-ops``), after recording ``(IN_FLIGHT, False)``,
+    when the copy landed every time: the check of ``contract`` would then pass whatever the driver does."""
+    host = host_memory_device(backend)
+    rounds = (0,) if host else IN_FLIGHT_ROUNDS
     for n in rounds:
         backend.synchronize()
         busy = keep_device_busy(backend, rounds=n) if n else torch.zeros(1)
         backend.queue_copy(dst, src)
-        if not torch.equal(snapshot(backend, dst), want):
+        query = getattr(backend.current_stream(), "query", None)
+        pending = not host and callable(query) and not query()
+        evidence = "destination" if not torch.equal(snapshot(backend, dst), want) else "stream query" if pending else ""
+        if evidence:
             record(IN_FLIGHT, True)
+            record(IN_FLIGHT_EVIDENCE, evidence)
             return busy
         backend.synchronize()
         dst.zero_()
