@@ -30,7 +30,7 @@ CHILD = r"""
 import asyncio, json, os, sys, time
 side, demo, device = sys.argv[1], sys.argv[2], sys.argv[3]
 from core.pipeline.declarations.demo import ENGINE_KW, TALKER_MAX_MODEL_LEN, THINKER_MAX_MODEL_LEN
-from core.pipeline.graph import _stage_memory
+from core.pipeline.graph import stage_memory
 from core.stage import make_async_engine, make_engine, prepare_device
 from core.pipeline.release import release_engine
 
@@ -38,7 +38,7 @@ backend = prepare_device(device).backend
 stages = ("thinker", "talker", "code2wav")
 dirs = {s: os.path.join(demo, s) for s in stages}
 lens = {"thinker": THINKER_MAX_MODEL_LEN, "talker": TALKER_MAX_MODEL_LEN, "code2wav": TALKER_MAX_MODEL_LEN}
-mem = _stage_memory(backend, {s: dict(ENGINE_KW, model=dirs[s], max_model_len=lens[s]) for s in stages})
+mem = stage_memory(backend, {s: dict(ENGINE_KW, model=dirs[s], max_model_len=lens[s]) for s in stages})
 eager = not backend.capabilities().static_graphs
 kw = dict(ENGINE_KW, seed=0, **({"enforce_eager": True} if eager else {}))
 kind = {"thinker": "ar", "talker": "ar", "code2wav": "generation"}

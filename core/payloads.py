@@ -23,6 +23,9 @@ from typing import Any, Callable, Iterable
 import torch
 
 EXTRA_ARGS_KEY = "omni_payload"
+#: ``SamplingParams.extra_args`` key of a request's talker-MTP seed (vLLM-Omni's ``tts_local_seed``): the
+#: declaration that builds a request sets it, the worker's hooks seed the request's MTP generator from it
+MTP_SEED_KEY = "tts_local_seed"
 _TENSOR = "__tensor__"
 
 

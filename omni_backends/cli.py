@@ -18,6 +18,11 @@ import traceback
 from typing import Any, NoReturn, Sequence
 
 from omni_backends.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_RUN_FAILED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
     BadInputError,
     DriverLoadError,
     OmniBackendError,
@@ -28,17 +33,7 @@ from omni_backends.errors import (
 
 COMMANDS_NAMESPACE = "omni_backends.commands"
 
-#: Exit statuses every ``omni-backends`` command follows (README, "Exit statuses").
-EXIT_OK = 0
-#: the request is valid but this environment cannot serve it: the device is not usable here, no driver is,
-#: a driver or vendor package failed to import, vLLM resolved another platform
-EXIT_UNAVAILABLE = 1
-#: usage error: unknown command or option, an option value out of range, an unknown device name, bad input files
-EXIT_USAGE = 2
-#: a run failed after its engines started (a stage's worker died, ran out of memory, the model raised)
-EXIT_RUN_FAILED = 3
-EXIT_INTERRUPTED = 130
-
+#: the exit statuses (``omni_backends.errors.EXIT_*``) in words
 EXIT_STATUS_HELP = """\
 exit status: 0 success; 1 this environment cannot do it (device not usable,
 no usable driver, a driver or vendor package fails to import, the system

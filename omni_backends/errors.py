@@ -1,6 +1,18 @@
-"""Errors raised by omni-backends. Every message says what to do next."""
+"""Errors raised by omni-backends, and the exit status each command gives for them. Every message says what to
+do next."""
 
 from __future__ import annotations
+
+#: Exit statuses every ``omni-backends`` command follows (README, "Exit statuses").
+EXIT_OK = 0
+#: the request is valid but this environment cannot serve it: the device is not usable here, no driver is,
+#: a driver or vendor package failed to import, vLLM resolved another platform
+EXIT_UNAVAILABLE = 1
+#: usage error: unknown command or option, an option value out of range, an unknown device name, bad input files
+EXIT_USAGE = 2
+#: a run failed after its engines started (a stage's worker died, ran out of memory, the model raised)
+EXIT_RUN_FAILED = 3
+EXIT_INTERRUPTED = 130
 
 
 class OmniBackendError(RuntimeError):

@@ -11,8 +11,9 @@
 
 from core.hooks.batch import BatchView
 from core.hooks.contract import ModelContract, ModelContractError, read_contract
-from core.hooks.omni_hooks import MTP_SEED_KEY, OmniHooks, no_full_graphs
+from core.hooks.omni_hooks import OmniHooks, no_full_graphs
 from core.hooks.talker_mtp import TalkerMTP
+from core.payloads import MTP_SEED_KEY
 
 __all__ = ["BatchView", "MTP_SEED_KEY", "ModelContract", "ModelContractError", "OmniHooks", "TalkerMTP",
            "no_full_graphs", "read_contract"]

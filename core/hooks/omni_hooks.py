@@ -31,14 +31,11 @@ from core.hooks.talker_mtp import TalkerMTP, request_generator
 from core.kinds import AR, GENERATION, KINDS
 from core.outputs import OmniOutput, StepOutputs, as_omni_output
 from core.patches.compute_logits import install_logits_fallback
-from core.payloads import EXTRA_ARGS_KEY, PayloadStore, unpack
+from core.payloads import EXTRA_ARGS_KEY, MTP_SEED_KEY, PayloadStore, unpack
 from core.seams import CUDAGRAPH_MODE
 from omni_backends.backend import Backend
 
 log = logging.getLogger(__name__)
-
-#: ``SamplingParams.extra_args`` key of a request's talker-MTP seed (vLLM-Omni's name)
-MTP_SEED_KEY = "tts_local_seed"
 
 
 #: finished requests whose talker-MTP call count is kept (oldest dropped first)

@@ -27,7 +27,6 @@ from core.runner.model_state import (
     OmniSampler,
     compose_model_state,
     model_state_cls,
-    needs_omni_state,
     omni_state_cls,
 )
 from core.runner.v1 import OmniV1RunnerMixin, v1_runner_class
@@ -58,6 +57,6 @@ def build_runner_class(backend: Backend, kind: str = AR, *, v2: bool = False) ->
 
 __all__ = [
     "ModelStateCompositionError", "OmniModelStateMixin", "OmniSampler", "OmniV1RunnerMixin", "OmniV2RunnerMixin",
-    "build_runner_class", "compose_model_state", "model_state_cls", "needs_omni_state", "omni_state_cls",
+    "build_runner_class", "compose_model_state", "model_state_cls", "omni_state_cls",
     "v1_runner_class", "v2_runner_class",
 ]

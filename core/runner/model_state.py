@@ -18,7 +18,7 @@ the state vLLM or the platform built (``prepare_attn`` included) stays the one
 that runs, and the omni overrides call it through ``super()``. A model whose
 state already is omni (``get_model_state_cls`` returning :func:`model_state_cls`)
 is bound as it is. A model with no omni contract at all (a stock vLLM class)
-keeps vLLM's state untouched (:func:`needs_omni_state`): it runs exactly as on
+keeps vLLM's state untouched (:func:`core.hooks.contract.needs_omni_hooks`, the rule V1 shares): it runs exactly as on
 stock V2. Seams whose spelling differs across vLLM versions are one
 ``VendorSymbol`` with ``alternatives`` in :mod:`core.seams`; no code here branches
 on a version.
@@ -44,7 +44,7 @@ import functools
 import logging
 from typing import Any
 
-from core.hooks.contract import needs_omni_hooks, read_contract
+from core.hooks.contract import read_contract
 from core.hooks.graphs import talker_mtp_buffers
 from core.kinds import AR, GENERATION, KINDS
 from core.patches.model_state_class import ClassSwapError, compose_in_place
@@ -305,14 +305,6 @@ class OmniSampler:
 
 
 # ------------------------------------------------------------------ composition
-def needs_omni_state(model: Any, kind: str) -> bool:
-    """Whether the omni hooks have anything to do on ``model``
-    (:func:`core.hooks.contract.needs_omni_hooks`, the rule V1 shares): False for
-    a stock vLLM class, which then keeps vLLM's state exactly. Raises the
-    contract's ``ModelContractError`` for a hook with a wrong signature."""
-    return needs_omni_hooks(model, kind)
-
-
 def _why_not_composable(base: type) -> str | None:
     """Why the omni hooks cannot be composed over ``base`` (None when they can)."""
     interface = MODEL_STATE_INTERFACE.resolve()
@@ -382,5 +374,5 @@ def compose_model_state(state: Any, backend: Any, kind: str) -> OmniModelStateMi
 
 __all__ = [
     "GENERATION", "ModelStateCompositionError", "OMNI_STATE_NAMES", "OmniModelStateMixin", "OmniSampler",
-    "STATE_SEAMS", "compose_model_state", "model_state_cls", "needs_omni_state", "omni_state_cls",
+    "STATE_SEAMS", "compose_model_state", "model_state_cls", "omni_state_cls",
 ]

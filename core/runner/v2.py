@@ -11,7 +11,7 @@ class's ``omni_backend``. The mixin overrides four runner methods:
   vLLM's ``SupportsMRoPE`` given text positions first, :mod:`core.mrope`); then the omni state is composed with the state
   that was built (:func:`core.runner.model_state.compose_model_state`) and the
   sampler wrapped (:class:`~core.runner.model_state.OmniSampler`). A stock model
-  keeps vLLM's state and sampler (:func:`~core.runner.model_state.needs_omni_state`).
+  keeps vLLM's state and sampler (:func:`~core.hooks.contract.needs_omni_hooks`).
 - ``capture_model``: vLLM's captures, then the talker MTP's (:mod:`core.hooks.graphs`).
 - ``initialize_kv_cache``: vLLM's, then, for a model without a KV cache (a code2wav
   with no attention layer), the check that this vLLM's V2 block tables can run it
@@ -32,7 +32,8 @@ from core.kinds import AR
 from core.mrope import text_mrope_on_model_state
 from core.patches.runner_sampler import wrap_runner_sampler
 from core.runner.classes import omni_runner_class
-from core.runner.model_state import OmniModelStateMixin, OmniSampler, compose_model_state, needs_omni_state
+from core.hooks.contract import needs_omni_hooks
+from core.runner.model_state import OmniModelStateMixin, OmniSampler, compose_model_state
 from omni_backends.backend import Backend
 from omni_backends.errors import OmniBackendError
 
@@ -68,7 +69,7 @@ class OmniV2RunnerMixin:
             super().load_model(*args, **kwargs)  # type: ignore[misc]
         state = self.model_state  # type: ignore[attr-defined]
         model = state.model
-        if not isinstance(state, OmniModelStateMixin) and not needs_omni_state(model, self.omni_kind):
+        if not isinstance(state, OmniModelStateMixin) and not needs_omni_hooks(model, self.omni_kind):
             from core.hooks import OmniHooks
 
             hooks = OmniHooks(self.omni_backend, self.omni_kind)

@@ -157,7 +157,7 @@ class _Lifecycle:
         self.signal = sig
 
     def exit_status(self) -> int:
-        from omni_backends.cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED
+        from omni_backends.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RUN_FAILED
 
         if self.dead_stage is not None:
             return EXIT_RUN_FAILED

@@ -7,15 +7,15 @@ import collections
 import dataclasses
 from typing import Iterator
 
-from omni_backends.drift.sources import SourceResolver, _dotted, _Missing, _ModuleIndex, _Unverifiable
+from omni_backends.drift.sources import SourceResolver, dotted_name, Missing, ModuleIndex, Unverifiable
 
 #: how many methods deep :meth:`ClassChain.reach` follows calls.
-_MAX_DEPTH = 5
+MAX_DEPTH = 5
 
 
 @dataclasses.dataclass(frozen=True)
 class _Cls:
-    idx: _ModuleIndex
+    idx: ModuleIndex
     node: ast.ClassDef
 
     @property
@@ -27,7 +27,7 @@ class _Cls:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Method:
+class Method:
     owner: _Cls
     node: ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -50,7 +50,7 @@ class ClassChain:
         self.resolver = resolver
         idx, d = resolver.lookup(module, name)
         if d.kind != "class":
-            raise _Missing("missing-symbol", f"{module}.{name} is not a class in the sources", idx.rel)
+            raise Missing("missing-symbol", f"{module}.{name} is not a class in the sources", idx.rel)
         self.classes: list[_Cls] = []
         self.external: list[str] = []  # bases outside the sources
         self._walk(_Cls(idx, d.node), 0)
@@ -79,7 +79,7 @@ class ClassChain:
     def has(self, module: str, name: str) -> bool:
         return any(c.idx.module == module and c.node.name == name for c in self.classes)
 
-    def method(self, name: str, after: _Cls | None = None) -> _Method | None:
+    def method(self, name: str, after: _Cls | None = None) -> Method | None:
         """``self.name`` as Python dispatches it (``after``: ``super()`` from that class)."""
         start = 0
         if after is not None:
@@ -89,10 +89,10 @@ class ClassChain:
         for c in self.classes[start:]:
             for node in c.node.body:
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-                    return _Method(c, node)
+                    return Method(c, node)
         return None
 
-    def live_methods(self) -> list[_Method]:
+    def live_methods(self) -> list[Method]:
         """Every method the leaf dispatches to, plus shadowed ones reached through ``super()``/``Base.m(self``."""
         names: list[str] = []
         for c in self.classes:
@@ -111,25 +111,25 @@ class ClassChain:
                     queue.append(target)
         return live
 
-    def _explicit_targets(self, m: _Method) -> Iterator[tuple[_Method, int]]:
+    def _explicit_targets(self, m: Method) -> Iterator[tuple[Method, int]]:
         """Methods ``m`` calls through ``super().x(`` or ``Base.x(self, ...)``."""
         for node in ast.walk(m.node):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
             recv = node.func.value
-            if isinstance(recv, ast.Call) and _dotted(recv.func) == "super":
+            if isinstance(recv, ast.Call) and dotted_name(recv.func) == "super":
                 t = self.method(node.func.attr, after=m.owner)
                 if t is not None:
                     yield t, node.lineno
             elif node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "self":
-                dotted = _dotted(recv)
-                cls = self._class_named(m.owner, dotted) if dotted else None
+                dotted = dotted_name(recv)
+                cls = self.class_named(m.owner, dotted) if dotted else None
                 if cls is not None:
                     t = self._method_from(cls, node.func.attr)
                     if t is not None:
                         yield t, node.lineno
 
-    def _class_named(self, where: _Cls, dotted: str) -> _Cls | None:
+    def class_named(self, where: _Cls, dotted: str) -> _Cls | None:
         for c in self.classes:
             if c.node.name == dotted.rpartition(".")[2]:
                 return c
@@ -141,20 +141,20 @@ class ClassChain:
                     return None
                 idx, d = self.resolver.lookup(d.module, r)
             return _Cls(idx, d.node) if d.kind == "class" else None
-        except (_Missing, _Unverifiable):
+        except (Missing, Unverifiable):
             return None
 
-    def _method_from(self, cls: _Cls, name: str) -> _Method | None:
+    def _method_from(self, cls: _Cls, name: str) -> Method | None:
         for i, c in enumerate(self.classes):
             if c.node is cls.node:
                 for k in self.classes[i:]:
                     for node in k.node.body:
                         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-                            return _Method(k, node)
+                            return Method(k, node)
                 return None
         return ClassChain.of(self.resolver, cls).method(name)
 
-    def targets(self, m: _Method, via: str | None = None) -> Iterator[tuple[str, _Method | None, int]]:
+    def targets(self, m: Method, via: str | None = None) -> Iterator[tuple[str, Method | None, int]]:
         """(name, resolved method or None, line) for every ``self.name`` use, ``super().name(`` and
         ``Base.name(self`` in ``m``; with ``via`` also ``self.<via>.name`` (e.g. a worker's
         ``self.model_runner._dummy_run``: resolved to None, it is another object's method)."""
@@ -180,7 +180,7 @@ class ClassChain:
             for name, target, line in self.targets(m, via):
                 if name == callee:
                     return path + [callee], m.at(_Line(line))
-                if target is not None and id(target.node) not in seen and len(path) < _MAX_DEPTH:
+                if target is not None and id(target.node) not in seen and len(path) < MAX_DEPTH:
                     seen.add(id(target.node))
                     queue.append((target, path + [target.label]))
         return None
@@ -191,7 +191,7 @@ class ClassChain:
         for c in self.classes:
             for node in c.node.body:
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
-                    (_dotted(d) or "").rpartition(".")[2] == "abstractmethod" for d in node.decorator_list
+                    (dotted_name(d) or "").rpartition(".")[2] == "abstractmethod" for d in node.decorator_list
                 ):
                     out.setdefault(node.name, c.at(node))
         return out

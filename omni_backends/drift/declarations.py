@@ -8,7 +8,7 @@ import inspect
 from typing import Any
 
 from omni_backends.binding import VendorSymbol
-from omni_backends.drift.model import Declared, _relpath
+from omni_backends.drift.model import Declared, rel_path
 
 
 def _package_modules(package: str) -> list[Any]:
@@ -52,7 +52,7 @@ def _resolve_uses(module: Any) -> dict[int, list[str]]:
             and isinstance(getattr(module, node.value.id, None), VendorSymbol)
         ):
             sym = getattr(module, node.value.id)
-            uses.setdefault(id(sym), []).append(f"{_relpath(path)}:{node.lineno}")
+            uses.setdefault(id(sym), []).append(f"{rel_path(path)}:{node.lineno}")
     return uses
 
 
@@ -122,7 +122,7 @@ def runner_bases(driver_cls: type, method: str = "model_runner_base") -> list[De
                         for n in ast.walk(fn):
                             value = getattr(module, n.id, None) if isinstance(n, ast.Name) else None
                             if isinstance(value, VendorSymbol) and all(d.symbol is not value for d in out):
-                                out.append(Declared(n.id, value, (f"{_relpath(inspect.getsourcefile(module) or '')}:"
+                                out.append(Declared(n.id, value, (f"{rel_path(inspect.getsourcefile(module) or '')}:"
                                                                   f"{n.lineno}",)))
         return out
     return []
@@ -162,6 +162,6 @@ def undeclared_vendor_imports(driver_cls: type) -> list[str]:
             else:
                 continue
             if any(n.split(".")[0] in tops for n in names):
-                out.append((_relpath(path), node.lineno, text))
+                out.append((rel_path(path), node.lineno, text))
     return [f"{path}:{line}: {text}" for path, line, text in sorted(set(out))]
 

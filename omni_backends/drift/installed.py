@@ -10,7 +10,7 @@ from typing import Any
 
 from omni_backends.binding import VendorSymbol
 from omni_backends.drift.model import Param
-from omni_backends.drift.sources import _Missing, _Unverifiable
+from omni_backends.drift.sources import Missing, Unverifiable
 
 
 def _installed_params(obj: Any) -> list[Param]:
@@ -56,22 +56,22 @@ class InstalledResolver:
     def resolve(self, sym: VendorSymbol) -> tuple[str, list[Param] | None, str]:
         self.last_obj = None
         if not self.covers(sym.module):
-            raise _Unverifiable(f"{sym.module.split('.')[0]} is not installed")
+            raise Unverifiable(f"{sym.module.split('.')[0]} is not installed")
         try:
             obj = importlib.import_module(sym.module)
         except ModuleNotFoundError as exc:
             if exc.name and (sym.module == exc.name or sym.module.startswith(exc.name + ".")):
-                raise _Missing("missing-module", f"module {sym.module} does not exist ({exc})") from exc
-            raise _Missing("import-error", f"importing {sym.module} failed: {type(exc).__name__}: {exc}") from exc
+                raise Missing("missing-module", f"module {sym.module} does not exist ({exc})") from exc
+            raise Missing("import-error", f"importing {sym.module} failed: {type(exc).__name__}: {exc}") from exc
         except Exception as exc:  # OSError from a vendor's native libs, RuntimeError, ...
-            raise _Missing("import-error", f"importing {sym.module} failed: {type(exc).__name__}: {exc}") from exc
+            raise Missing("import-error", f"importing {sym.module} failed: {type(exc).__name__}: {exc}") from exc
         parts = sym.attr.split(".") if sym.attr else []
         for i, part in enumerate(parts):
             if not hasattr(obj, part):
                 last = i == len(parts) - 1
                 if last and sym.kind == "attribute" and isinstance(obj, type) and _assigns_instance_attr(obj, part):
                     return _where(obj), None, "instance attribute"
-                raise _Missing("missing-symbol", f"{getattr(obj, '__name__', obj)!s} has no {part!r}")
+                raise Missing("missing-symbol", f"{getattr(obj, '__name__', obj)!s} has no {part!r}")
             obj = getattr(obj, part)
         self.last_obj = obj
         where = _where(obj)
@@ -80,7 +80,7 @@ class InstalledResolver:
         try:
             return where, _installed_params(obj), "callable"
         except (TypeError, ValueError) as exc:
-            raise _Unverifiable(f"no signature for {sym.qualname}: {exc}") from exc
+            raise Unverifiable(f"no signature for {sym.qualname}: {exc}") from exc
 
 
 def _assigns_instance_attr(cls: type, name: str) -> bool:

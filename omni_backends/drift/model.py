@@ -23,7 +23,7 @@ DRIFT_KINDS = (
 #: finding kinds that are reported but are not drift.
 NOTE_KINDS = ("not-checked", "unverifiable", "kwargs-only", "guarded-import", "alternative")
 
-_VAR_KINDS = ("var_positional", "var_keyword")
+VAR_KINDS = ("var_positional", "var_keyword")
 
 
 # ------------------------------------------------------------------ results
@@ -93,12 +93,12 @@ class Declared:
     used_at: tuple[str, ...]
 
 
-def _relpath(path: str) -> str:
+def rel_path(path: str) -> str:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     ap = os.path.abspath(path)
     return os.path.relpath(ap, root) if ap.startswith(root + os.sep) else ap
 
 
-def _rel_defined_at(defined_at: str) -> str:
+def rel_defined_at(defined_at: str) -> str:
     path, _, line = defined_at.rpartition(":")
-    return f"{_relpath(path)}:{line}" if path else defined_at
+    return f"{rel_path(path)}:{line}" if path else defined_at

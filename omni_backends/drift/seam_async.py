@@ -16,9 +16,9 @@ import ast
 import collections
 
 from omni_backends.binding import AsyncOutputContract, VendorSymbol
-from omni_backends.drift.chain import ClassChain, _Method
+from omni_backends.drift.chain import ClassChain, Method
 from omni_backends.drift.seam_facts import SeamCheck, declared_at, ours_line
-from omni_backends.drift.sources import _dotted, _Missing, _Unverifiable
+from omni_backends.drift.sources import dotted_name, Missing, Unverifiable
 
 
 def subclasses(chain: ClassChain, base: VendorSymbol) -> bool:
@@ -37,7 +37,7 @@ class AsyncOutputCheck(SeamCheck):
         base_name = a.base.attr
         try:
             base_chain = ClassChain(self.resolver, a.base.module, a.base.attr)
-        except (_Missing, _Unverifiable) as exc:
+        except (Missing, Unverifiable) as exc:
             self.add("async-output", base_name, "drift", "missing-base", f"{a.base.qualname} exists", str(exc), ours)
             return
         abstract = base_chain.abstract_methods()
@@ -56,8 +56,8 @@ class AsyncOutputCheck(SeamCheck):
             if idx is None:
                 continue
             for n in ast.walk(idx.tree):
-                if (isinstance(n, ast.Call) and _dotted(n.func) == "isinstance" and len(n.args) == 2
-                        and base_name in {(_dotted(x) or "").rpartition(".")[2] for x in
+                if (isinstance(n, ast.Call) and dotted_name(n.func) == "isinstance" and len(n.args) == 2
+                        and base_name in {(dotted_name(x) or "").rpartition(".")[2] for x in
                                           (n.args[1].elts if isinstance(n.args[1], ast.Tuple) else [n.args[1]])}):
                     checks.append(f"{idx.rel}:{n.lineno}")
         self.add("async-output", f"executor isinstance(…, {base_name})", "clean" if checks else "note",
@@ -121,7 +121,7 @@ class AsyncOutputCheck(SeamCheck):
                          f"abstract: {', '.join(sorted(abstract))}; isinstance at {', '.join(checks) or '-'}", ours,
                          checks[0] if checks else None)
 
-    def _returned_classes(self, m: _Method, depth: int = 0) -> list[tuple[str, ClassChain | None, str]]:
+    def _returned_classes(self, m: Method, depth: int = 0) -> list[tuple[str, ClassChain | None, str]]:
         out: list[tuple[str, ClassChain | None, str]] = []
         assigns: dict[str, list[ast.expr]] = collections.defaultdict(list)
         for n in ast.walk(m.node):
@@ -139,18 +139,18 @@ class AsyncOutputCheck(SeamCheck):
                 if not isinstance(v, ast.Call):
                     continue
                 f = v.func
-                if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Call) and _dotted(f.value.func) == "super":
+                if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Call) and dotted_name(f.value.func) == "super":
                     parent = self.chain.method(f.attr, after=m.owner)
                     if parent is not None and depth < 3:
                         out += self._returned_classes(parent, depth + 1)
                     continue
-                dotted = _dotted(f)
+                dotted = dotted_name(f)
                 parts = (dotted or "").split(".")
                 if not dotted or parts[0] == "self" or not any(p[:1].isupper() for p in parts[-2:]):
                     continue  # a method or function call (copy(...), out.get_output()), not a class
-                cls = self.chain._class_named(m.owner, dotted)
+                cls = self.chain.class_named(m.owner, dotted)
                 if cls is None and "." in dotted:  # Class.factory(...)
-                    cls = self.chain._class_named(m.owner, dotted.rpartition(".")[0])
+                    cls = self.chain.class_named(m.owner, dotted.rpartition(".")[0])
                 if any(o[0] == dotted and o[2] == m.at(n) for o in out):
                     continue
                 sub = None

@@ -17,9 +17,9 @@ from __future__ import annotations
 import ast
 
 from omni_backends.binding import ModelCallCoverage, Seam, VendorSymbol
-from omni_backends.drift.chain import _MAX_DEPTH, ClassChain, _Method
+from omni_backends.drift.chain import MAX_DEPTH, ClassChain, Method
 from omni_backends.drift.seam_facts import ENTRY_POINTS, SeamCheck, declared_at, ours_line
-from omni_backends.drift.sources import _ast_params, _dotted
+from omni_backends.drift.sources import ast_params, dotted_name
 from omni_backends.drift.symbols import compare_signature
 
 
@@ -29,12 +29,12 @@ def _model_call_form(call: ast.Call) -> str | None:
         return "self.model("
     if isinstance(f, ast.Name) and f.id == "model":
         return "model("
-    if (_dotted(f) or "").rpartition(".")[2] == "partial" and call.args:
+    if (dotted_name(f) or "").rpartition(".")[2] == "partial" and call.args:
         a = call.args[0]
         if isinstance(a, ast.Attribute) and a.attr == "model" and isinstance(a.value, ast.Name) and a.value.id == "self":
             return "partial(self.model"
     if isinstance(f, ast.Attribute) and f.attr == "forward":
-        recv = _dotted(f.value) or ""
+        recv = dotted_name(f.value) or ""
         if "model" in recv.rpartition(".")[2].lower():
             return ".forward("
     return None
@@ -43,7 +43,7 @@ def _model_call_form(call: ast.Call) -> str | None:
 class RunnerSeamCheck(SeamCheck):
     """The ``seam``, ``call-edge`` and ``model-call`` facts of one runner (or worker) chain."""
 
-    def seam(self, s: Seam, chain: ClassChain | None = None, fact: str = "seam") -> _Method | None:
+    def seam(self, s: Seam, chain: ClassChain | None = None, fact: str = "seam") -> Method | None:
         """Seam ``s`` exists in ``chain`` (default ``self.chain``) with the parameters it assumes;
         returns the method that Python would dispatch to, or None (a ``missing-seam`` fact)."""
         chain = chain or self.chain
@@ -58,7 +58,7 @@ class RunnerSeamCheck(SeamCheck):
                      + (f" (bases outside the sources: {', '.join(chain.external)})" if chain.external else ""),
                      ours, chain.leaf.at())
             return None
-        params = _ast_params(m.node, drop_first=True)
+        params = ast_params(m.node, drop_first=True)
         sym = VendorSymbol(m.owner.idx.module, f"{m.owner.node.name}.{m.name}", params=s.params, required=s.required,
                            defined_at=s.defined_at or "?:0")
         problems = compare_signature(sym, params)
@@ -88,7 +88,7 @@ class RunnerSeamCheck(SeamCheck):
                 self.add("call-edge", seam, "drift" if e.relied_on else "note",
                          "missing-call-edge" if e.relied_on else "no-edge",
                          f"{e.caller} reaches {e.callee}" + (f" ({e.why})" if e.why else ""),
-                         f"{caller.label} does not reach {e.callee} (within {_MAX_DEPTH} calls)", ours, caller.at())
+                         f"{caller.label} does not reach {e.callee} (within {MAX_DEPTH} calls)", ours, caller.at())
             else:
                 path, at = got
                 self.add("call-edge", seam, "clean", "ok", f"{e.caller} reaches {e.callee}", " -> ".join(path), ours, at)
@@ -119,7 +119,7 @@ class RunnerSeamCheck(SeamCheck):
                              f"{form} {where}: the core never sees this call's output (an omni output reaches "
                              "vLLM code unconverted)", ours, m.at(call))
 
-    def _reaches(self, entry: str, m: _Method) -> bool:
+    def _reaches(self, entry: str, m: Method) -> bool:
         return self.chain.reach(entry, m.name) is not None
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from omni_backends.binding import SeamContract
 from omni_backends.drift.chain import ClassChain
-from omni_backends.drift.model import _rel_defined_at
+from omni_backends.drift.model import rel_defined_at
 from omni_backends.drift.sources import SourceResolver
 
 #: seam-fact kinds that are drift (non-zero exit).
@@ -80,7 +80,7 @@ def ours_line(contract: SeamContract, ref: str) -> str | None:
 
 def declared_at(obj: Any) -> str | None:
     """``file:line`` (relative) where a contract object was declared, or None."""
-    return _rel_defined_at(obj.defined_at) if getattr(obj, "defined_at", "") else None
+    return rel_defined_at(obj.defined_at) if getattr(obj, "defined_at", "") else None
 
 
 class SeamCheck:

@@ -22,7 +22,7 @@ from omni_backends.binding import V2RunnerContract
 from omni_backends.drift.chain import ClassChain
 from omni_backends.drift.seam_calls import RunnerSeamCheck
 from omni_backends.drift.seam_facts import declared_at, ours_line
-from omni_backends.drift.sources import _dotted, _Missing, _ModuleIndex, _Unverifiable
+from omni_backends.drift.sources import dotted_name, Missing, ModuleIndex, Unverifiable
 
 
 class ModelStateCheck(RunnerSeamCheck):
@@ -40,7 +40,7 @@ class ModelStateCheck(RunnerSeamCheck):
         """Where the runner builds its state: ``init_model_state`` consults ``get_model_state_cls``."""
         ours_init = declared_at(v2)
         calls = [(m, n) for m in self.chain.live_methods() for n in ast.walk(m.node)
-                 if isinstance(n, ast.Call) and (_dotted(n.func) or "").rpartition(".")[2] == v2.init_function]
+                 if isinstance(n, ast.Call) and (dotted_name(n.func) or "").rpartition(".")[2] == v2.init_function]
         if not calls:
             self.add("model-state", v2.init_function, "drift", "model-state-not-consulted",
                      f"the runner builds its model state with {v2.init_function}(), consulting {v2.state_hook}",
@@ -53,7 +53,7 @@ class ModelStateCheck(RunnerSeamCheck):
                          "with it after load_model)", f"{m.label} calls {v2.init_function}", ours_init, m.at(call))
             return
         for m, call in calls[:1]:
-            fn = self._function(m.owner.idx, _dotted(call.func) or v2.init_function)
+            fn = self._function(m.owner.idx, dotted_name(call.func) or v2.init_function)
             if fn is None:
                 self.add("model-state", v2.init_function, "note", "unresolved", f"{v2.init_function} consults "
                          f"{v2.state_hook}", f"{v2.init_function} not resolvable from {m.owner.idx.module}",
@@ -90,7 +90,7 @@ class ModelStateCheck(RunnerSeamCheck):
                         target = next(ast.unparse(t) for t in n.targets if isinstance(t, ast.Attribute))
                         module = rel[:-3].replace("/", ".")
                         module = module[module.index(top + "."):] if (top + ".") in module else module
-                        repl = self._function(self.resolver.index(module), _dotted(n.value) or "") \
+                        repl = self._function(self.resolver.index(module), dotted_name(n.value) or "") \
                             if self.resolver.index(module) is not None else None
                         if v2.state_hook is None:
                             self.add("model-state", f"{target} replaced", "note", "state-replaced-composed",
@@ -117,7 +117,7 @@ class ModelStateCheck(RunnerSeamCheck):
         the state base's chain (None, with a ``missing-base`` fact, if it is not in the sources)."""
         try:
             state_chain = ClassChain(self.resolver, v2.state_base.module, v2.state_base.attr)
-        except (_Missing, _Unverifiable) as exc:
+        except (Missing, Unverifiable) as exc:
             self.add("model-state", v2.state_base.qualname, "drift", "missing-base", f"{v2.state_base.qualname} exists",
                      str(exc), declared_at(v2.state_base))
             return None
@@ -150,7 +150,7 @@ class ModelStateCheck(RunnerSeamCheck):
         """Every abstract method of the state interface is implemented by the state base or the omni state."""
         try:
             iface = ClassChain(self.resolver, v2.state_interface.module, v2.state_interface.attr)
-        except (_Missing, _Unverifiable) as exc:
+        except (Missing, Unverifiable) as exc:
             self.add("model-state", v2.state_interface.qualname, "note", "missing-base", "exists", str(exc))
             return
         abstract = iface.abstract_methods()
@@ -158,7 +158,7 @@ class ModelStateCheck(RunnerSeamCheck):
         for name, at in sorted(abstract.items()):
             impl = state_chain.method(name)
             concrete = impl is not None and impl.owner.node is not iface.leaf.node and not any(
-                (_dotted(d) or "").endswith("abstractmethod") for d in impl.node.decorator_list)
+                (dotted_name(d) or "").endswith("abstractmethod") for d in impl.node.decorator_list)
             if name in overridden or concrete:
                 self.add("model-state", f"abstract {name}", "clean", "ok", f"{name} implemented",
                          "by the omni state" if name in overridden else f"by {impl.label} ({impl.at()})",
@@ -188,14 +188,14 @@ class ModelStateCheck(RunnerSeamCheck):
                     continue
                 for n in ast.walk(t):
                     if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
-                        recv = _dotted(n.func.value) or ""
+                        recv = dotted_name(n.func.value) or ""
                         if recv.rpartition(".")[2] == "model_state":
                             site = f"{rel}:{n.lineno}"
                             if site not in out[n.func.attr]:
                                 out[n.func.attr].append(site)
         return out
 
-    def _function(self, idx: _ModuleIndex | None, dotted: str) -> tuple[_ModuleIndex, ast.FunctionDef] | None:
+    def _function(self, idx: ModuleIndex | None, dotted: str) -> tuple[ModuleIndex, ast.FunctionDef] | None:
         if idx is None or not dotted:
             return None
         try:
@@ -205,11 +205,11 @@ class ModelStateCheck(RunnerSeamCheck):
                 if d.kind != "module":
                     return None
                 m, d = self.resolver.lookup(d.module, r)
-        except (_Missing, _Unverifiable):
+        except (Missing, Unverifiable):
             return None
         return (m, d.node) if d.kind == "def" else None
 
-    def _consults(self, idx: _ModuleIndex, fn: ast.FunctionDef, hook: str, depth: int = 0) -> str | None:
+    def _consults(self, idx: ModuleIndex, fn: ast.FunctionDef, hook: str, depth: int = 0) -> str | None:
         """``file:line`` where ``fn`` (or a module-level function it calls) reads ``hook``."""
         for n in ast.walk(fn):
             if (isinstance(n, ast.Attribute) and n.attr == hook) or (isinstance(n, ast.Constant) and n.value == hook):

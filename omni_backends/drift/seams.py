@@ -44,7 +44,7 @@ from omni_backends.drift.seam_async import AsyncOutputCheck
 from omni_backends.drift.seam_calls import RunnerSeamCheck
 from omni_backends.drift.seam_facts import ENTRY_POINTS, SEAM_DRIFT_KINDS, SeamFact, declared_at
 from omni_backends.drift.seam_state import ModelStateCheck
-from omni_backends.drift.sources import SourceResolver, _Missing, _Unverifiable
+from omni_backends.drift.sources import SourceResolver, Missing, Unverifiable
 
 
 def check_seams(contract: SeamContract, base: VendorSymbol, resolver: SourceResolver) -> list[SeamFact]:
@@ -57,10 +57,10 @@ def check_seams(contract: SeamContract, base: VendorSymbol, resolver: SourceReso
     outside the sources gives one ``not-checked`` note."""
     try:
         chain = ClassChain(resolver, base.module, base.attr)
-    except _Unverifiable as exc:
+    except Unverifiable as exc:
         return [SeamFact("?", base.qualname, "chain", base.qualname, "note", "not-checked", "in the sources", str(exc),
                          declared_at(base))]
-    except _Missing as exc:
+    except Missing as exc:
         return [SeamFact("?", base.qualname, "chain", base.qualname, "drift", "missing-base", "exists", str(exc),
                          declared_at(base), exc.where)]
     facts: list[SeamFact] = []
@@ -101,10 +101,10 @@ def check_worker_seams(contract: SeamContract, worker: VendorSymbol, resolver: S
         return []
     try:
         chain = ClassChain(resolver, worker.module, worker.attr)
-    except _Unverifiable as exc:
+    except Unverifiable as exc:
         return [SeamFact("worker", worker.qualname, "chain", worker.qualname, "note", "not-checked", "in the sources",
                          str(exc), declared_at(worker))]
-    except _Missing as exc:
+    except Missing as exc:
         return [SeamFact("worker", worker.qualname, "chain", worker.qualname, "drift", "missing-base", "exists",
                          str(exc), declared_at(worker), exc.where)]
     ck = RunnerSeamCheck(contract, resolver, "worker", chain)

@@ -140,7 +140,7 @@ class _Def:
     name: str = ""  # imported name
 
 
-class _ModuleIndex:
+class ModuleIndex:
     """Top-level names of one parsed module."""
 
     def __init__(self, module: str, rel: str, source: str, is_package: bool) -> None:
@@ -198,11 +198,11 @@ class _ModuleIndex:
                 self._collect(node.body, package)
 
 
-class _Unverifiable(Exception):
+class Unverifiable(Exception):
     """The definition lies outside the given sources."""
 
 
-class _Missing(Exception):
+class Missing(Exception):
     def __init__(self, kind: str, message: str, where: str | None = None) -> None:
         super().__init__(message)
         self.kind = kind
@@ -214,7 +214,7 @@ class SourceResolver:
 
     def __init__(self, trees: list[SourceTree]) -> None:
         self.trees = trees
-        self._index: dict[str, _ModuleIndex | None] = {}
+        self._index: dict[str, ModuleIndex | None] = {}
 
     def describe(self) -> str:
         return "; ".join(t.describe() for t in self.trees)
@@ -232,33 +232,33 @@ class SourceResolver:
         tree = self._tree_for(module.split(".")[0])
         return tree is not None and tree.is_native(module)
 
-    def index(self, module: str) -> _ModuleIndex | None:
+    def index(self, module: str) -> ModuleIndex | None:
         if module not in self._index:
             tree = self._tree_for(module.split(".")[0])
             rel = tree.module_file(module) if tree else None
             idx = None
             if rel is not None:
                 try:
-                    idx = _ModuleIndex(module, rel, tree.read(rel), rel.endswith("__init__.py"))
+                    idx = ModuleIndex(module, rel, tree.read(rel), rel.endswith("__init__.py"))
                 except SyntaxError:
                     idx = None
             self._index[module] = idx
         return self._index[module]
 
     # -- lookups
-    def lookup(self, module: str, name: str, _seen: frozenset = frozenset()) -> tuple[_ModuleIndex, _Def]:
+    def lookup(self, module: str, name: str, _seen: frozenset = frozenset()) -> tuple[ModuleIndex, _Def]:
         """Find top-level ``name`` in ``module``, following re-exports."""
         key = (module, name)
         if key in _seen:
-            raise _Missing("missing-symbol", f"import cycle resolving {module}.{name}")
+            raise Missing("missing-symbol", f"import cycle resolving {module}.{name}")
         _seen = _seen | {key}
         if not self.covers(module):
-            raise _Unverifiable(f"{module} is outside the given sources")
+            raise Unverifiable(f"{module} is outside the given sources")
         if self.native(module):
-            raise _Unverifiable(f"{module} is (inside) a compiled extension module")
+            raise Unverifiable(f"{module} is (inside) a compiled extension module")
         idx = self.index(module)
         if idx is None:
-            raise _Missing("missing-module", f"module {module} does not exist")
+            raise Missing("missing-module", f"module {module} does not exist")
         d = idx.names.get(name)
         if d is not None and d.kind == "import":
             sub = f"{d.module}.{d.name}"
@@ -268,7 +268,7 @@ class SourceResolver:
         if d is not None and d.kind == "module":
             sub_idx = self.index(d.module) if self.covers(d.module) else None
             if sub_idx is None:
-                raise _Unverifiable(f"{module}.{name} is module {d.module}, outside the given sources")
+                raise Unverifiable(f"{module}.{name} is module {d.module}, outside the given sources")
             return sub_idx, _Def("module", d.node, d.module)
         if d is not None:
             return idx, d
@@ -279,17 +279,17 @@ class SourceResolver:
             if star.kind == "star":
                 try:
                     return self.lookup(star.module, name, _seen)
-                except (_Missing, _Unverifiable):
+                except (Missing, Unverifiable):
                     continue
         if idx.dynamic:
-            raise _Unverifiable(f"{module} has no {name!r} but defines a module __getattr__ that may provide it")
-        raise _Missing("missing-symbol", f"{module} has no {name!r}", f"{idx.rel}")
+            raise Unverifiable(f"{module} has no {name!r} but defines a module __getattr__ that may provide it")
+        raise Missing("missing-symbol", f"{module} has no {name!r}", f"{idx.rel}")
 
-    def _class_bases(self, idx: _ModuleIndex, cls: ast.ClassDef) -> list[tuple[_ModuleIndex, ast.ClassDef] | str]:
-        out: list[tuple[_ModuleIndex, ast.ClassDef] | str] = []
+    def _class_bases(self, idx: ModuleIndex, cls: ast.ClassDef) -> list[tuple[ModuleIndex, ast.ClassDef] | str]:
+        out: list[tuple[ModuleIndex, ast.ClassDef] | str] = []
         for b in cls.bases:
             expr = b.value if isinstance(b, ast.Subscript) else b
-            dotted = _dotted(expr)
+            dotted = dotted_name(expr)
             if dotted is None or dotted in ("object", "Generic", "ABC", "Protocol", "Enum", "IntEnum"):
                 continue
             head, *rest = dotted.split(".")
@@ -297,20 +297,20 @@ class SourceResolver:
                 m, d = self.lookup(idx.module, head)
                 for r in rest:
                     if d.kind != "module":
-                        raise _Unverifiable(dotted)
+                        raise Unverifiable(dotted)
                     m, d = self.lookup(d.module, r)
                 if d.kind == "class":
                     out.append((m, d.node))
                 else:
                     out.append(dotted)
-            except (_Missing, _Unverifiable):
+            except (Missing, Unverifiable):
                 out.append(dotted)
         return out
 
-    def _member(self, idx: _ModuleIndex, cls: ast.ClassDef, name: str, instance_ok: bool, depth: int = 0):
+    def _member(self, idx: ModuleIndex, cls: ast.ClassDef, name: str, instance_ok: bool, depth: int = 0):
         """(module index, node, owner class) of ``name`` in ``cls`` or its bases."""
         if depth > 30:
-            raise _Unverifiable("class hierarchy too deep")
+            raise Unverifiable("class hierarchy too deep")
         for node in cls.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
                 return idx, node, cls
@@ -332,22 +332,22 @@ class SourceResolver:
                 continue
             try:
                 return self._member(base[0], base[1], name, instance_ok, depth + 1)
-            except _Missing:
+            except Missing:
                 continue
         if external:
-            raise _Unverifiable(f"{cls.name} has no {name!r}; its base(s) {', '.join(external)} lie outside the sources")
-        raise _Missing("missing-symbol", f"class {cls.name} has no {name!r}", f"{idx.rel}:{cls.lineno}")
+            raise Unverifiable(f"{cls.name} has no {name!r}; its base(s) {', '.join(external)} lie outside the sources")
+        raise Missing("missing-symbol", f"class {cls.name} has no {name!r}", f"{idx.rel}:{cls.lineno}")
 
     def resolve(self, sym: VendorSymbol) -> tuple[str, list[Param] | None, str]:
-        """(vendor file:line, signature params or None, what it is). Raises _Missing/_Unverifiable."""
+        """(vendor file:line, signature params or None, what it is). Raises Missing/Unverifiable."""
         self.last_node = None
         if not self.covers(sym.module):
-            raise _Unverifiable(f"{sym.module.split('.')[0]} is not in the given sources")
+            raise Unverifiable(f"{sym.module.split('.')[0]} is not in the given sources")
         if self.native(sym.module):
-            raise _Unverifiable(f"{sym.module} is (inside) a compiled extension module")
+            raise Unverifiable(f"{sym.module} is (inside) a compiled extension module")
         idx = self.index(sym.module)
         if idx is None:
-            raise _Missing("missing-module", f"module {sym.module} does not exist in {self.describe()}")
+            raise Missing("missing-module", f"module {sym.module} does not exist in {self.describe()}")
         if not sym.attr:
             return idx.rel, None, "module"
         parts = sym.attr.split(".")
@@ -360,7 +360,7 @@ class SourceResolver:
                 node, owner = d.node, None
                 continue
             if not isinstance(node, ast.ClassDef):
-                raise _Unverifiable(f"{'.'.join(parts[:i])} is not a class in the sources; cannot look up {part!r}")
+                raise Unverifiable(f"{'.'.join(parts[:i])} is not a class in the sources; cannot look up {part!r}")
             last = i == len(parts) - 1
             where_mod, node, owner = self._member(where_mod, node, part, instance_ok=last and sym.kind == "attribute")
             d = _Def("member", node, where_mod.module)
@@ -371,25 +371,25 @@ class SourceResolver:
         if sym.kind in ("attribute", "module") or not (sym.params or sym.required is not None or sym.defaults):
             return where, None, type(node).__name__
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            drop_first = owner is not None and not any(_dotted(dec) == "staticmethod" for dec in node.decorator_list)
-            return where, _ast_params(node, drop_first), "function"
+            drop_first = owner is not None and not any(dotted_name(dec) == "staticmethod" for dec in node.decorator_list)
+            return where, ast_params(node, drop_first), "function"
         if isinstance(node, ast.ClassDef):
             return where, self._class_signature(where_mod, node), "class"
-        raise _Unverifiable(f"{sym.qualname} is bound by an assignment at {where}; its signature cannot be read statically")
+        raise Unverifiable(f"{sym.qualname} is bound by an assignment at {where}; its signature cannot be read statically")
 
     def source_text(self, sym: VendorSymbol) -> str | None:
         """Source of the definition :meth:`resolve` found last (``ast.unparse``)."""
         node = getattr(self, "last_node", None)
         return ast.unparse(node) if isinstance(node, ast.AST) else None
 
-    def _class_signature(self, idx: _ModuleIndex, cls: ast.ClassDef) -> list[Param]:
+    def _class_signature(self, idx: ModuleIndex, cls: ast.ClassDef) -> list[Param]:
         try:
             m, node, _owner = self._member(idx, cls, "__init__", instance_ok=False)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                return _ast_params(node, drop_first=True)
-        except _Missing:
+                return ast_params(node, drop_first=True)
+        except Missing:
             pass
-        except _Unverifiable:
+        except Unverifiable:
             if not _is_dataclass(cls):
                 raise
         fields = self._dataclass_fields(idx, cls)
@@ -397,13 +397,13 @@ class SourceResolver:
             return []  # no __init__ anywhere in a fully known hierarchy: object.__init__
         return fields
 
-    def _dataclass_fields(self, idx: _ModuleIndex, cls: ast.ClassDef, depth: int = 0) -> list[Param] | None:
+    def _dataclass_fields(self, idx: ModuleIndex, cls: ast.ClassDef, depth: int = 0) -> list[Param] | None:
         if not _is_dataclass(cls):
             return None
         fields: dict[str, Param] = {}
         for base in reversed(self._class_bases(idx, cls)):
             if isinstance(base, str):
-                raise _Unverifiable(f"dataclass {cls.name} has base {base} outside the sources")
+                raise Unverifiable(f"dataclass {cls.name} has base {base} outside the sources")
             inherited = self._dataclass_fields(base[0], base[1], depth + 1) if depth < 30 else None
             for p in inherited or []:
                 fields[p.name] = p
@@ -427,21 +427,21 @@ class SourceResolver:
 def _is_dataclass(cls: ast.ClassDef) -> bool:
     for dec in cls.decorator_list:
         expr = dec.func if isinstance(dec, ast.Call) else dec
-        if (_dotted(expr) or "").endswith("dataclass"):
+        if (dotted_name(expr) or "").endswith("dataclass"):
             return True
     return False
 
 
-def _dotted(expr: ast.expr) -> str | None:
+def dotted_name(expr: ast.expr) -> str | None:
     if isinstance(expr, ast.Name):
         return expr.id
     if isinstance(expr, ast.Attribute):
-        head = _dotted(expr.value)
+        head = dotted_name(expr.value)
         return f"{head}.{expr.attr}" if head else None
     return None
 
 
-def _ast_params(fn: ast.FunctionDef | ast.AsyncFunctionDef, drop_first: bool) -> list[Param]:
+def ast_params(fn: ast.FunctionDef | ast.AsyncFunctionDef, drop_first: bool) -> list[Param]:
     a = fn.args
     out: list[Param] = []
     positional = [(p, "positional_only") for p in a.posonlyargs] + [(p, "positional_or_keyword") for p in a.args]

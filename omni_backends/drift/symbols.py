@@ -6,15 +6,15 @@ import ast
 from typing import Any, Iterable
 
 from omni_backends.binding import VendorSymbol
-from omni_backends.drift.model import _VAR_KINDS, DRIFT_KINDS, Declared, DriverReport, Finding, Param, _rel_defined_at
-from omni_backends.drift.sources import SourceResolver, SourceTree, _Missing, _Unverifiable
+from omni_backends.drift.model import VAR_KINDS, DRIFT_KINDS, Declared, DriverReport, Finding, Param, rel_defined_at
+from omni_backends.drift.sources import SourceResolver, SourceTree, Missing, Unverifiable
 
 
 def compare_signature(sym: VendorSymbol, params: list[Param]) -> list[tuple[str, str]]:
     """(kind, message) for every mismatch between a declaration and a vendor signature."""
     problems: list[tuple[str, str]] = []
-    by_name = {p.name: p for p in params if p.kind not in _VAR_KINDS}
-    order = [p.name for p in params if p.kind not in _VAR_KINDS]
+    by_name = {p.name: p for p in params if p.kind not in VAR_KINDS}
+    order = [p.name for p in params if p.kind not in VAR_KINDS]
     has_var_kw = any(p.kind == "var_keyword" for p in params)
     declared = set(sym.params) | set(sym.required or ())
     missing = [n for n in sym.params if n not in by_name]
@@ -84,9 +84,9 @@ def _check_symbol(sym: VendorSymbol, resolver: Any) -> tuple[bool, str | None, l
     """(checked, vendor file:line, [(kind, message, vendor_at)]) for one spelling of a declaration."""
     try:
         where, params, _what = resolver.resolve(sym)
-    except _Missing as exc:
+    except Missing as exc:
         return True, None, [(exc.kind, str(exc), exc.where)]
-    except _Unverifiable as exc:
+    except Unverifiable as exc:
         kind = "not-checked" if "not in the given sources" in str(exc) or "not installed" in str(exc) else "unverifiable"
         return False, None, [(kind, str(exc), None)]
     out: list[tuple[str, str, str | None]] = []
@@ -118,7 +118,7 @@ def check_declarations(driver: str, declared: Iterable[Declared], resolver: Any)
 
         def add(kind: str, message: str, vendor_at: str | None = None, d: Declared = d) -> None:
             findings.append(
-                Finding(driver, d.name, d.symbol.qualname, kind, message, _rel_defined_at(d.symbol.defined_at),
+                Finding(driver, d.name, d.symbol.qualname, kind, message, rel_defined_at(d.symbol.defined_at),
                         list(d.used_at), vendor_at)
             )
 
@@ -142,7 +142,7 @@ def check_declarations(driver: str, declared: Iterable[Declared], resolver: Any)
         status = ("drift" if any(f.drift for f in mine) else mine[0].kind if mine and len(mine) == 1
                   and mine[0].kind in ("not-checked", "unverifiable") else "note" if mine else "clean")
         statuses.append({"symbol": d.name, "target": sym.qualname, "status": status,
-                         "kinds": [f.kind for f in mine], "declared_at": _rel_defined_at(d.symbol.defined_at),
+                         "kinds": [f.kind for f in mine], "declared_at": rel_defined_at(d.symbol.defined_at),
                          "vendor_at": where or next((f.vendor_at for f in mine if f.vendor_at), None)})
     return DriverReport(driver, len(declared), checked, findings, statuses)
 
@@ -211,8 +211,8 @@ def vendor_import_drift(vendor: SourceTree, package: str, upstream: SourceResolv
                     continue
                 try:
                     upstream.lookup(node.module, a.name)
-                except _Missing as exc:
+                except Missing as exc:
                     add(exc.kind, f"{node.module}.{a.name}", str(exc))
-                except _Unverifiable:
+                except Unverifiable:
                     pass
     return out

@@ -250,12 +250,13 @@ def v2_state_over(runner, model) -> dict:
     from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 
     from core.kinds import AR
-    from core.runner.model_state import compose_model_state, needs_omni_state
+    from core.hooks.contract import needs_omni_hooks
+    from core.runner.model_state import compose_model_state
 
     state = DefaultModelState(runner.vllm_config, model, None, runner.device)
     try:
         compose_model_state(state, runner.omni_hooks.backend, AR)
-        return {"needs_omni_state": needs_omni_state(model, AR), "mro": [c.__name__ for c in type(state).__mro__],
+        return {"needs_omni_hooks": needs_omni_hooks(model, AR), "mro": [c.__name__ for c in type(state).__mro__],
                 "contract_talker_mtp": state.omni_hooks.contract.talker_mtp is not None,
                 "uses_preprocess": bool(state.omni_hooks.uses_preprocess),
                 "inputs_embeds_buffer": None if state.omni_inputs_embeds is None else list(state.omni_inputs_embeds.shape)}

@@ -232,12 +232,12 @@ def test_v2_runner_keeps_vllms_state_and_sampler_for_a_stock_model(vllm_config, 
     from vllm.v1.worker.gpu.model_states import init_model_state
     from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 
-    from core.runner.model_state import needs_omni_state
+    from core.hooks.contract import needs_omni_hooks
     from core.runner.v2 import OmniV2RunnerMixin
 
     model = StockLike()
-    assert not needs_omni_state(model, AR) and needs_omni_state(model, GENERATION)
-    assert needs_omni_state(TinyTalker(), AR)
+    assert not needs_omni_hooks(model, AR) and needs_omni_hooks(model, GENERATION)
+    assert needs_omni_hooks(TinyTalker(), AR)
     state = init_model_state(vllm_config, model, None, torch.device("cpu"))
     inner = greedy_inner()
 

@@ -301,7 +301,7 @@ def test_vllm_omnis_talker_class_composes_with_vllms_v2_state(scenario, variant)
     if not variant.startswith("v1-"):
         pytest.skip("a V2 engine composes its own state: test_vllm_omnis_classes_on_v2_give_v1s_codes_and_waveforms")
     r = scenario("talker", variant)["v2_state_over_v1_engine"]
-    assert r["needs_omni_state"] is True
+    assert r["needs_omni_hooks"] is True
     assert r["mro"][:3] == ["OmniARModelState", "OmniModelStateMixin", "DefaultModelState"]
     assert r["contract_talker_mtp"] and r["uses_preprocess"]
     assert r["inputs_embeds_buffer"] is not None and len(r["inputs_embeds_buffer"]) == 2

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import psutil
 
-from core.pipeline.graph import _release_all
+from core.pipeline.graph import release_all
 from core.pipeline.release import wait_engine_released
 
 
@@ -50,7 +50,7 @@ def test_release_returns_only_after_the_engine_processes_exited():
     grandchild = ready.get(timeout=10)
     engines = {"talker": _fake_llm(proc)}
     t0 = time.monotonic()
-    _release_all(engines)  # the stage graph's release of its engines (each through release_engine)
+    release_all(engines)  # the stage graph's release of its engines (each through release_engine)
     assert not proc.is_alive(), "release returned while the engine process was still exiting"
     assert time.monotonic() - t0 >= 1.0
     assert proc.exitcode == 0 and engines == {}

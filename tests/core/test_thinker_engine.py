@@ -50,7 +50,7 @@ def test_same_tokens_and_logprobs_as_stock_vllm(run_scenario, test_device, varia
 def test_a_stock_model_on_the_omni_runner_gives_stock_tokens_and_logprobs(run_scenario, test_device, variant):
     """vLLM's own LlamaForCausalLM (the thinker's weights) under the omni runner and under vLLM's stock runner,
     the same batches: bit for bit equal. On V2 the omni runner keeps the ModelState vLLM built for it
-    (``core.runner.model_state.needs_omni_state``): nothing omni runs in its steps."""
+    (``core.hooks.contract.needs_omni_hooks``): nothing omni runs in its steps."""
     stock_run = run_scenario("stock-thinker", variant=variant)
     plain = run_scenario("omni-plain-thinker", variant=variant)
     assert stock_run["config"] == plain["config"]

@@ -199,7 +199,7 @@ def greedy_inner():
 
 class StockLike(torch.nn.Module):
     """Stands for a stock vLLM model class: no omni contract, and a ``forward`` that is vLLM's own (its
-    ``__module__`` is the one ``core.runner.model_state.needs_omni_state`` reads)."""
+    ``__module__`` is the one ``core.hooks.contract.needs_omni_hooks`` reads)."""
 
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
         return torch.zeros(int(input_ids.shape[0]), H)

@@ -31,8 +31,6 @@ from omni_backends.errors import BadInputError
 MAX_NEW_TOKENS = (1, 4096)
 #: additional-information key vLLM-Omni's adapter sets to the talker's effective token cap
 EFFECTIVE_MAX_TOKENS_KEY = "_qwen3_tts_effective_max_tokens"
-#: ``extra_args`` key of the code predictor's per-request seed (vLLM-Omni's ``tts_local_seed``)
-LOCAL_SEED_KEY = "tts_local_seed"
 
 
 class TTSRequestError(BadInputError):
@@ -211,7 +209,7 @@ def talker_inputs(ckpt: Any, deploy: Any, req: TTSRequest, *, output_kind: Any =
     length). Imports vLLM."""
     from vllm.sampling_params import SamplingParams
 
-    from core.payloads import EXTRA_ARGS_KEY, pack
+    from core.payloads import EXTRA_ARGS_KEY, MTP_SEED_KEY, pack
 
     if check:
         req = check_tts_request(ckpt, req, max_instructions_length=deploy.max_instructions_length)
@@ -229,7 +227,7 @@ def talker_inputs(ckpt: Any, deploy: Any, req: TTSRequest, *, output_kind: Any =
     n = prompt_len(ckpt, params)
     extra: dict[str, Any] = {EXTRA_ARGS_KEY: pack(params)}
     if req.seed is not None:
-        extra[LOCAL_SEED_KEY] = int(req.seed)
+        extra[MTP_SEED_KEY] = int(req.seed)
     kw = {k: sampling[k] for k in ("temperature", "top_k", "top_p", "repetition_penalty", "stop_token_ids")
           if k in sampling}
     kw.update(max_tokens=cap, min_tokens=min(int(sampling.get("min_tokens", 0) or 0), cap),
@@ -240,5 +238,5 @@ def talker_inputs(ckpt: Any, deploy: Any, req: TTSRequest, *, output_kind: Any =
     return {"prompt_token_ids": [1] * n}, SamplingParams(**kw)
 
 
-__all__ = ["EFFECTIVE_MAX_TOKENS_KEY", "LOCAL_SEED_KEY", "MAX_NEW_TOKENS", "TTSRequest", "TTSRequestError",
+__all__ = ["EFFECTIVE_MAX_TOKENS_KEY", "MAX_NEW_TOKENS", "TTSRequest", "TTSRequestError",
            "check_tts_request", "prompt_len", "talker_inputs", "tts_params"]

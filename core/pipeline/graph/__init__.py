@@ -27,11 +27,11 @@ The modules (``flow`` imports the other two, which import neither each other nor
 """
 
 from core.pipeline.config import GraphConfig
-from core.pipeline.graph.engines import _release_all, _stage_memory, engine_config, prepare_environment, start_engines
+from core.pipeline.graph.engines import engine_config, prepare_environment, release_all, stage_memory, start_engines
 from core.pipeline.graph.flow import WATCH_INTERVAL, StageGraph
 from core.pipeline.graph.requests import AudioChunk, SpeechResult
 
 __all__ = [
     "WATCH_INTERVAL", "AudioChunk", "GraphConfig", "SpeechResult", "StageGraph", "engine_config",
-    "prepare_environment", "start_engines",
+    "prepare_environment", "release_all", "stage_memory", "start_engines",
 ]

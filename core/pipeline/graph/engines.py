@@ -1,8 +1,8 @@
 """Starting and releasing the stage graph's engines: the environment vLLM reads (:func:`prepare_environment`),
-each stage's memory and the check that the stages fit the device together (:func:`_stage_memory`), the
+each stage's memory and the check that the stages fit the device together (:func:`stage_memory`), the
 concurrent start of the declared stages' ``AsyncLLM`` engines (:func:`start_engines`, what
 :meth:`~core.pipeline.graph.StageGraph.start` runs), what vLLM resolved for each (:func:`engine_config`), and
-releasing them (:func:`_release_all`). Importing this module imports neither vLLM nor torch."""
+releasing them (:func:`release_all`). Importing this module imports neither vLLM nor torch."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def _runner_source(cfg: GraphConfig) -> str:
         f"VLLM_USE_V2_MODEL_RUNNER={os.environ.get('VLLM_USE_V2_MODEL_RUNNER')}"
 
 
-def _stage_memory(backend: Any, stage_args: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def stage_memory(backend: Any, stage_args: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each stage's ``kv_cache_memory_bytes`` / ``gpu_memory_utilization`` (``engine_memory_kw`` for its model
     folder, ``max_model_len``, ``max_num_seqs`` and ``dtype``, from ``stage_args``: stage -> its declared engine
     arguments), and one check that the stages together fit the device's free memory.
@@ -192,7 +192,7 @@ async def start_engines(cfg: GraphConfig, backend: Any = None, say: Callable[[st
         backend.check_vllm_platform()
         args = {s.name: {**s.engine_args(model, cfg), **engine_overrides(cfg.stage_overrides, s.name)}
                 for s in spec.stages}
-        mem = _stage_memory(backend, args)
+        mem = stage_memory(backend, args)
     kinds = {s.name: s.kind for s in spec.stages}
     engines: dict[str, Any] = {}
     info: dict[str, dict[str, Any]] = {}
@@ -227,7 +227,7 @@ async def start_engines(cfg: GraphConfig, backend: Any = None, say: Callable[[st
         heartbeat.cancel()
     failed = [(s, r) for s, r in zip(stages, results) if isinstance(r, BaseException)]
     if failed:
-        await asyncio.to_thread(_release_all, engines)
+        await asyncio.to_thread(release_all, engines)
         stage, exc = failed[0]
         _reraise_start_failure(stage, exc)
     info["graph"] = {"start_seconds": round(time.perf_counter() - t_graph, 3),
@@ -254,7 +254,7 @@ async def _say_while_starting(say: Callable[[str], None], ready: dict[str, Any],
             say(f"still starting after {time.perf_counter() - t0:.0f} s: {', '.join(waiting)} (vLLM {work})")
 
 
-def _release_all(engines: dict[str, Any]) -> None:
+def release_all(engines: dict[str, Any]) -> None:
     """Release every engine (``release_engine``: shut down, its processes waited for), all at once."""
     import threading
 

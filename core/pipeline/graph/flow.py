@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Callable
 from core.pipeline.config import GraphConfig
 from core.pipeline.faults import failure_cause
 from core.pipeline.fields import check_request_id
-from core.pipeline.graph.engines import _release_all, start_engines
+from core.pipeline.graph.engines import release_all, start_engines
 from core.pipeline.graph.requests import AudioChunk, SpeechResult
 from core.pipeline.spec import PipelineModel, PipelineSpec, StageSpec
 from omni_backends.errors import BadInputError, StageFailedError
@@ -105,7 +105,7 @@ class StageGraph:
             if handler is not None:
                 handler.cancel()
         await asyncio.sleep(0)  # let the cancelled output tasks finish on this loop
-        await asyncio.to_thread(_release_all, self.engines)
+        await asyncio.to_thread(release_all, self.engines)
         # the graph's own tasks end here, not in asyncio.run's teardown: a task still pending then is cancelled
         # there and its CancelledError (traceback -> the task's frame -> this graph -> its engines) outlives the
         # loop, so each AsyncLLM is freed only at interpreter exit, where its __del__ -> shutdown() finds vLLM's
