@@ -44,14 +44,16 @@ the process. So:
   :class:`NotImplementedError` naming the fix. ``CustomVoice`` and
   ``VoiceDesign`` requests never call it.
 
+Each change of another's object above is a declared patch in :mod:`core.patches` (what, why, versions, until,
+proven by ``check-drift``): ``vllm_omni_bare_package`` (the bare package), ``vllm_omni_platform`` (its platform
+global), ``vllm_omni_config_pickling`` (the reducers) and ``torchaudio_stub``; this module decides when.
+
 Nothing of vLLM-Omni is vendored: it is installed from PyPI
 (``vllm-omni==0.30.0 --no-deps``, ``scripts/setup.sh``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import copyreg
 import importlib
 import importlib.metadata
 import importlib.util
@@ -59,7 +61,12 @@ import os
 import sys
 import threading
 import types
-from typing import Any, Iterator, MutableMapping
+from typing import Any, MutableMapping
+
+from core.patches.torchaudio_stub import torchaudio_for_import
+from core.patches.vllm_omni_bare_package import install_bare_package
+from core.patches.vllm_omni_config_pickling import pickle_through
+from core.patches.vllm_omni_platform import install_omni_platform
 
 DISTRIBUTION = "vllm-omni"
 PACKAGE = "vllm_omni"
@@ -212,42 +219,6 @@ def host_omni_platform(backend: Any) -> Any:
     return HostOmniPlatform()
 
 
-# ------------------------------------------------------------------ torchaudio
-def _melscale_fbanks_unavailable(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError(
-        "torchaudio.functional.melscale_fbanks is not installed: vLLM-Omni needs it for mel features of reference "
-        "audio (Qwen3-TTS 'Base' voice cloning). Install a torchaudio build matching your torch, or use the "
-        "CustomVoice / VoiceDesign tasks, which never call it."
-    )
-
-
-@contextlib.contextmanager
-def _torchaudio_for_import() -> Iterator[None]:
-    """The real torchaudio if importable; else a stub module during the import only."""
-    if importlib.util.find_spec("torchaudio") is not None:
-        yield
-        return
-    if importlib.util.find_spec("transformers") is not None:
-        # transformers probes its optional packages when first imported (importlib.util.find_spec, which
-        # raises for a module without __spec__, as the stand-in is): let it probe before the stand-in goes in
-        importlib.import_module("transformers.utils.import_utils")
-    stub = types.ModuleType("torchaudio")
-    functional = types.ModuleType("torchaudio.functional")
-    functional.melscale_fbanks = _melscale_fbanks_unavailable  # type: ignore[attr-defined]
-    stub.functional = functional  # type: ignore[attr-defined]
-    stub.__omni_stub__ = True  # type: ignore[attr-defined]
-    saved = {k: sys.modules.get(k) for k in ("torchaudio", "torchaudio.functional")}
-    sys.modules["torchaudio"], sys.modules["torchaudio.functional"] = stub, functional
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
-
-
 # ------------------------------------------------------------------ loader
 def _bare_package() -> types.ModuleType:
     """``sys.modules['vllm_omni']`` as a bare package (``__init__`` not run).
@@ -269,13 +240,7 @@ def _bare_package() -> types.ModuleType:
             "vLLM-Omni is not installed; install its wheel without dependencies: "
             "pip install --no-deps vllm-omni==0.30.0 && pip install soundfile prettytable (scripts/setup.sh does)"
         )
-    mod = types.ModuleType(PACKAGE, "vLLM-Omni, loaded bare by core.models.vllm_omni (no __init__, no patches)")
-    mod.__path__ = list(spec.submodule_search_locations)
-    mod.__file__ = spec.origin
-    mod.__package__ = PACKAGE
-    mod.__omni_bare__ = True  # type: ignore[attr-defined]
-    sys.modules[PACKAGE] = mod
-    return mod
+    return install_bare_package(PACKAGE, list(spec.submodule_search_locations), spec.origin)
 
 
 # ------------------------------------------------------------------ pickling
@@ -314,8 +279,14 @@ def _register_pickling() -> None:
         for value in list(vars(mod).values()):
             if (isinstance(value, type) and value.__module__ == modname and issubclass(value, config_base)
                     and value not in _pickled_by_loader):
-                copyreg.pickle(value, _reduce_config)
+                pickle_through(value, _reduce_config)
                 _pickled_by_loader.add(value)
+
+
+def _process_backend() -> Any:
+    from omni_backends.registry import get_backend
+
+    return get_backend()
 
 
 def load_module(name: str, backend: Any = None, *, platform: bool = True) -> types.ModuleType:
@@ -336,13 +307,8 @@ def load_module(name: str, backend: Any = None, *, platform: bool = True) -> typ
         importlib.import_module(f"{PACKAGE}.logger")
         if platform:
             platforms = importlib.import_module(f"{PACKAGE}.platforms")
-            if platforms._current_omni_platform is None:
-                if backend is None:
-                    from omni_backends.registry import get_backend
-
-                    backend = get_backend()
-                platforms._current_omni_platform = host_omni_platform(backend)
-        with _torchaudio_for_import():
+            install_omni_platform(platforms, lambda: host_omni_platform(backend or _process_backend()))
+        with torchaudio_for_import():
             module = importlib.import_module(f"{PACKAGE}.{name}")
         _register_pickling()
         return module

@@ -1,4 +1,5 @@
-"""Every in-place change the project makes to a live vLLM object, one module per patch.
+"""Every in-place change the project makes to a live vLLM object (and to vLLM-Omni's, and to the process's
+``sys.modules`` and ``copyreg`` for them), one module per patch.
 
 The omni runner is built on vLLM's extension points (``worker_cls``, ``scheduler_cls``, subclasses of vLLM's
 runners); where vLLM offers none, the core changes an object vLLM built, in place. Each such change lives in a
@@ -29,6 +30,10 @@ Importing this package imports neither torch nor vLLM (``check-drift`` reads :da
 | :mod:`~core.patches.request_output_collector_class` | each ``AsyncLLM`` request queue: class swapped |
 | :mod:`~core.patches.request_output_field` | vLLM's ``RequestOutput``: ``multimodal_outputs`` attribute set |
 | :mod:`~core.patches.engine_core_decoder` | the engine-core client's msgpack decoder: decodes the omni output type |
+| :mod:`~core.patches.vllm_omni_bare_package` | ``sys.modules["vllm_omni"]``: a bare package, its ``__init__`` (patches) never run |
+| :mod:`~core.patches.vllm_omni_platform` | vLLM-Omni's ``platforms._current_omni_platform``: the selected driver's platform |
+| :mod:`~core.patches.vllm_omni_config_pickling` | ``copyreg``: vLLM-Omni's config classes pickle through the bare loader |
+| :mod:`~core.patches.torchaudio_stub` | ``sys.modules["torchaudio"]``: a stand-in while vLLM-Omni imports, when missing |
 | :mod:`omni_backends.patches` | vLLM's V1 ``Sampler.topk_topp_sampler``: wrapped for the one-token rule |
 """
 
@@ -47,7 +52,11 @@ from core.patches import (
     request_output_field,
     request_state_class,
     runner_sampler,
+    torchaudio_stub,
     v2_init_model_state,
+    vllm_omni_bare_package,
+    vllm_omni_config_pickling,
+    vllm_omni_platform,
     worker_runner,
 )
 from omni_backends import patches as driver_patches
@@ -57,6 +66,7 @@ PATCHES = (
     runner_sampler.PATCH, model_forward.PATCH, compute_logits.PATCH,
     compilation_config.PATCH, model_config_fields.PATCH, output_processor_class.PATCH, request_state_class.PATCH,
     request_output_collector_class.PATCH, request_output_field.PATCH, engine_core_decoder.PATCH,
+    vllm_omni_bare_package.PATCH, vllm_omni_platform.PATCH, vllm_omni_config_pickling.PATCH, torchaudio_stub.PATCH,
     driver_patches.PATCH,
 )
 """Every patch of a live vLLM object, core and driver side (``core.seams.CONTRACT.patches``)."""

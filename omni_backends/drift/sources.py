@@ -349,6 +349,7 @@ class SourceResolver:
         if idx is None:
             raise Missing("missing-module", f"module {sym.module} does not exist in {self.describe()}")
         if not sym.attr:
+            self.last_node = idx.tree  # a module's own source (its ``mentions`` / ``absent``)
             return idx.rel, None, "module"
         parts = sym.attr.split(".")
         m, d = self.lookup(sym.module, parts[0])

@@ -21,6 +21,7 @@ from core.pipeline.fields import check_request_id
 from core.pipeline.graph.engines import release_all, start_engines
 from core.pipeline.graph.requests import AudioChunk, SpeechResult
 from core.pipeline.spec import PipelineModel, PipelineSpec, StageSpec
+from core.seams import ENGINE_DEAD_ERROR
 from omni_backends.errors import BadInputError, StageFailedError
 
 #: seconds between the watchdog's looks at each engine (``AsyncLLM.errored``)
@@ -252,14 +253,14 @@ class StageGraph:
         except Exception as exc:
             raise self._stage_error(exc, stage) from exc
 
-    def _stage_error(self, exc: BaseException, stage: str) -> StageFailedError:
-        """``exc`` from ``stage`` (or the stage it names, ``exc.omni_stage``) as :class:`StageFailedError`;
-        vLLM's ``EngineDeadError`` (or the stage's engine errored) also marks the graph dead."""
+    def _stage_error(self, exc: BaseException, failed: str) -> StageFailedError:
+        """``exc`` from stage ``failed`` (every await of a stage's work names its stage) as
+        :class:`StageFailedError`; vLLM's ``EngineDeadError`` (or the stage's engine errored) also marks the graph
+        dead."""
         if isinstance(exc, StageFailedError):
             return exc
-        failed = getattr(exc, "omni_stage", stage)
         engine = self.engines.get(failed)
-        if type(exc).__name__ == "EngineDeadError" or (engine is not None and engine.errored):
+        if type(exc).__name__ == ENGINE_DEAD_ERROR.attr or (engine is not None and engine.errored):
             self._mark_dead(failed)
             if self.dead_stage is not None:
                 return self._dead_error(exc if self.dead_stage == failed else None)
@@ -341,8 +342,7 @@ class StageGraph:
                     frames = stage.output(self.model, state, out)
                     if frames is not None and frames.shape[0]:
                         queue.put_nowait(frames)
-        except Exception as exc:
-            exc.omni_stage = stage.name  # type: ignore[attr-defined]
+        except Exception as exc:  # the consumer reads it from the queue as this stage's failure
             queue.put_nowait(exc)
             raise
         queue.put_nowait(None)
