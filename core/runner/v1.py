@@ -15,6 +15,7 @@ graph policy (the talker MTP's graphs) is :mod:`core.hooks.graphs`.
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,25 @@ from core.model_io import ModelOutputAdapter, omni_runner_output, prompt_embeds_
 from omni_backends.backend import Backend
 
 
-#: ``_omni_batch`` of a real step whose batch view is built after the forward (a lean model, see ``load_model``)
+class StepPlan(enum.Enum):
+    """What the runner does around a step, chosen once per model by ``OmniV1RunnerMixin.load_model``.
+
+    - ``STOCK``: a stock vLLM model (no omni contract, :func:`core.hooks.contract.needs_omni_hooks`): vLLM's
+      steps run untouched;
+    - ``LEAN``: a model that reads nothing per request before its forward (no preprocess, a forward taking none
+      of the per-request or runner kwargs): a step builds nothing before the forward and its batch view after it
+      (a step carrying prompt embeddings takes ``VIEW``'s path);
+    - ``VIEW``: the batch view built before the forward (offsets, computed and prompt tokens);
+    - ``VIEW_FACTS``: that view with ``num_output`` / ``max_tokens`` / ``seeds`` too (the model reads them).
+    """
+
+    STOCK = "stock"
+    LEAN = "lean"
+    VIEW = "view"
+    VIEW_FACTS = "view+facts"
+
+
+#: ``_omni_batch`` of a real ``LEAN`` step, whose batch view is built after the forward
 _AFTER_FORWARD = object()
 #: the extra model kwargs the AR runner hands the hooks (``OmniHooks.build_extra_kwargs``)
 _RUNNER_KWARGS = frozenset(("sampling_metadata", "sampler"))
@@ -42,15 +61,8 @@ class OmniV1RunnerMixin:
     omni_kind: str = AR
     #: the driver this runner class was built for (:func:`v1_runner_class`)
     omni_backend: Backend
-    #: False for a stock vLLM model (:func:`core.hooks.contract.needs_omni_hooks`, set by ``load_model``):
-    #: vLLM's steps then run untouched
-    _omni_active: bool = True
-    #: True for a model that reads nothing per request before its forward (no preprocess, a forward that takes
-    #: none of the per-request or runner kwargs; set by ``load_model``): a step without prompt embeddings then
-    #: builds nothing before the forward, its batch view after it
-    _omni_lean: bool = False
-    #: the batch view carries ``num_output`` / ``max_tokens`` / ``seeds`` (the model reads them; ``load_model``)
-    _omni_request_facts: bool = True
+    #: what a step does for this model (:class:`StepPlan`, set by ``load_model``)
+    _omni_plan: StepPlan = StepPlan.VIEW_FACTS
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -71,21 +83,25 @@ class OmniV1RunnerMixin:
         model = self.get_model()
         provide_text_mrope_positions(model, self.model_config)  # M-RoPE config, no SupportsMRoPE (core.mrope)
         self.omni_hooks.bind_model(model, self.vllm_config, mtp_runner=self._omni_mtp_runner)
-        # a stock vLLM model: no adapter, no hooks in its steps (as V2 keeps vLLM's ModelState for it)
-        self._omni_active = needs_omni_hooks(model, self.omni_kind)
-        if self._omni_active:
-            # at the model (its forward wrapped, no module hook), so every call vLLM makes (_dummy_run, profile,
-            # warm-up, graph capture) gets a tensor; persistent buffers only where a captured graph may replay it
-            self._omni_io = ModelOutputAdapter(model, self.max_num_tokens, self.model_config.get_hidden_size(),
-                                               self.dtype, persistent=graphs_enabled(self.vllm_config))
-            hooks = self.omni_hooks
-            if getattr(hooks, "uses_preprocess", False):  # real steps always pass embeddings: so do dummy runs
-                self._omni_io.feed_embeddings(self._omni_dummy_embeds)
-            self._omni_request_facts = bool(getattr(hooks, "passes_request_state", True)
-                                            or getattr(hooks, "uses_preprocess", False))
-            params = getattr(getattr(hooks, "contract", None), "forward_params", None)
-            self._omni_lean = not self._omni_request_facts and params is not None and (
-                hooks.kind != AR or not (_RUNNER_KWARGS & params))
+        self._omni_plan = self._step_plan(model)
+
+    def _step_plan(self, model: Any) -> StepPlan:
+        """The model's :class:`StepPlan`; for all but a stock model (which gets no adapter, no hooks in its steps,
+        as V2 keeps vLLM's ModelState for it) its output adapter installed."""
+        if not needs_omni_hooks(model, self.omni_kind):
+            return StepPlan.STOCK
+        # at the model (its forward wrapped, no module hook), so every call vLLM makes (_dummy_run, profile,
+        # warm-up, graph capture) gets a tensor; persistent buffers only where a captured graph may replay it
+        self._omni_io = ModelOutputAdapter(model, self.max_num_tokens, self.model_config.get_hidden_size(),
+                                           self.dtype, persistent=graphs_enabled(self.vllm_config))
+        hooks = self.omni_hooks
+        if getattr(hooks, "uses_preprocess", False):  # real steps always pass embeddings: so do dummy runs
+            self._omni_io.feed_embeddings(self._omni_dummy_embeds)
+        if getattr(hooks, "passes_request_state", True) or getattr(hooks, "uses_preprocess", False):
+            return StepPlan.VIEW_FACTS
+        params = getattr(getattr(hooks, "contract", None), "forward_params", None)
+        lean = params is not None and (hooks.kind != AR or not (_RUNNER_KWARGS & params))
+        return StepPlan.LEAN if lean else StepPlan.VIEW
 
     def _omni_dummy_embeds(self, input_ids: Any) -> Any:
         """``[num_tokens, H]``: the persistent ``inputs_embeds`` buffer as it is -- what vLLM's own dummy run
@@ -110,7 +126,7 @@ class OmniV1RunnerMixin:
         return n
 
     def _update_states(self, scheduler_output: Any) -> Any:
-        if self._omni_active:
+        if self._omni_plan is not StepPlan.STOCK:
             self.omni_hooks.on_finished_requests(scheduler_output.finished_req_ids)
             if scheduler_output.scheduled_new_reqs:
                 self.omni_hooks.on_new_requests((r.req_id, r.sampling_params)
@@ -128,7 +144,7 @@ class OmniV1RunnerMixin:
             num_computed=batch.num_computed_tokens_cpu[:n].copy(),
             num_prompt=batch.num_prompt_tokens[:n].copy(),
         )
-        if not self._omni_request_facts:
+        if self._omni_plan is not StepPlan.VIEW_FACTS:
             return view
         reqs = list(map(self.requests.get, view.req_ids))
         if None in reqs:  # a request vLLM no longer holds has no tokens
@@ -152,14 +168,14 @@ class OmniV1RunnerMixin:
 
     def _preprocess(self, scheduler_output: Any, num_input_tokens: int, intermediate_tensors: Any = None) -> Any:
         out = super()._preprocess(scheduler_output, num_input_tokens, intermediate_tensors)
-        if not self._omni_active:
-            return out
-        hooks = self.omni_hooks
-        self._omni_io.begin_step()
-        if self._omni_lean and not hooks.payloads.with_embeds:  # nothing the model reads is built per step
-            self._omni_batch, self._omni_kwargs = _AFTER_FORWARD, out[4]  # vLLM's model kwargs, as they are
+        if self._omni_plan is StepPlan.STOCK:
             return out
         input_ids, inputs_embeds, positions, intermediate_tensors, model_kwargs, ec_out = out
+        hooks = self.omni_hooks
+        self._omni_io.begin_step()
+        if self._omni_plan is StepPlan.LEAN and not hooks.payloads.with_embeds:  # nothing read per step is built
+            self._omni_batch, self._omni_kwargs = _AFTER_FORWARD, model_kwargs  # vLLM's model kwargs, as they are
+            return out
         batch = self._omni_batch = self._batch_view()
         if inputs_embeds is None and hooks.needs_embeds(batch):
             if not hooks.uses_preprocess:  # embeddings on some steps only: the call signature would change
@@ -180,7 +196,7 @@ class OmniV1RunnerMixin:
     def _model_forward(self, *args: Any, **kwargs: Any) -> Any:
         hidden = super()._model_forward(*args, **kwargs)  # a tensor: the adapter sits at the model
         batch = self._omni_batch
-        if not self._omni_active or batch is None or not hasattr(hidden, "shape"):  # dummy runs; intermediate tensors (PP)
+        if self._omni_plan is StepPlan.STOCK or batch is None or not hasattr(hidden, "shape"):  # dummy runs; PP
             return hidden
         hooks = self.omni_hooks
         if batch is _AFTER_FORWARD:  # the same step's arrays: vLLM changes them only in the next _update_states
@@ -198,7 +214,7 @@ class OmniV1RunnerMixin:
 
     def sample_tokens(self, grammar_output: Any) -> Any:
         out = super().sample_tokens(grammar_output)
-        if not self._omni_active:
+        if self._omni_plan is StepPlan.STOCK:
             return out
         self._omni_batch, self._omni_kwargs = None, None
         return omni_runner_output(out, self.omni_hooks)  # async outputs: a real AsyncModelRunnerOutput
@@ -211,4 +227,4 @@ def v1_runner_class(base: type, kind: str, backend: Backend) -> type:
     return omni_runner_class(OmniV1RunnerMixin, base, kind, backend)
 
 
-__all__ = ["OmniV1RunnerMixin", "v1_runner_class"]
+__all__ = ["OmniV1RunnerMixin", "StepPlan", "v1_runner_class"]
