@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from itertools import repeat
-from operator import add, gt, sub
 from typing import Any, Callable
 
 import numpy as np
@@ -76,22 +74,19 @@ class StepRowsCollector:
         num_tokens = qsl[-1] if n else 0
         starts, ends = qsl[:-1], qsl[1:]
         emitted = self.emitted
-        done = list(map(emitted.get, req_ids, repeat(0, n)))
-        upto = map(add, first, map(sub, ends, starts))
-        if any(map(gt, done, first)):  # positions emitted before (recomputed after preemption): skip them
-            emitted.update(zip(req_ids, map(max, done, upto)))
-            starts = [min(s + max(d - f, 0), e) for s, e, d, f in zip(starts, ends, done, first)]
-        else:
-            emitted.update(zip(req_ids, upto))
+        for i, rid in enumerate(req_ids):
+            done, upto = emitted.get(rid, 0), first[i] + ends[i] - starts[i]
+            if done > first[i]:  # positions emitted before (recomputed after preemption): skip them
+                starts[i] = min(starts[i] + done - first[i], ends[i])
+                upto = max(done, upto)
+            emitted[rid] = upto
         tensors: dict[str, torch.Tensor] = {}
         fenced = False
         for key, value in mm.items():
             if type(value) is torch.Tensor and value.is_cpu and value.dim() and value.shape[0] >= num_tokens:
                 # the common case on the host (an eager engine's own tensor, a cpu engine's buffer): one slab copy
                 t = value[:num_tokens] if value.shape[0] != num_tokens else value
-                slab, at, view = self._slabs._place(t, False)
-                view._omni_slab = (slab, at)  # type: ignore[attr-defined]  # as HostSlabs.copy marks it
-                tensors[key] = view
+                tensors[key] = self._slabs.copy(t)
             elif isinstance(value, dict):  # {category: {qualifier: value}}: vLLM-Omni's "category.qualifier" names
                 for qual, v in value.items():
                     fenced |= self._one(f"{key}.{qual}", v, num_tokens, req_ids, tensors)

@@ -26,7 +26,8 @@ OMNI_PLATFORM_GLOBAL = VendorSymbol("vllm_omni.platforms", "_current_omni_platfo
                                     dist="vllm-omni")
 #: the lazy lookup returns the global when it is set (it resolves a plugin only while it is ``None``)
 OMNI_PLATFORM_LOOKUP = VendorSymbol("vllm_omni.platforms", "__getattr__", params=("name",), required=("name",),
-                                    dist="vllm-omni", mentions=("current_omni_platform", "_current_omni_platform is None"))
+                                    dist="vllm-omni",
+                                    mentions=("current_omni_platform", "_current_omni_platform is None"))
 
 PATCH = Patch.declare(__name__, __doc__, (OMNI_PLATFORM_GLOBAL, OMNI_PLATFORM_LOOKUP))
 

@@ -1,13 +1,13 @@
 """The HTTP app (FastAPI) over a started stage graph: OpenAI's speech endpoint, voices, models, health, metrics.
 
 - ``POST /v1/audio/speech``: checked (the pipeline's own speech adapter, ``graph.spec.speech.parse``, then the
-  graph's ``check``) before any engine work -> 400/404 with an OpenAI-style body; past ``max_concurrency`` requests in flight ->
-  429; then ``graph.synthesize``: a complete WAV (or raw PCM), or streamed: raw PCM chunks (``audio/pcm``) or
-  server-sent events (``speech.audio.delta`` with base64 PCM, then ``speech.audio.done``; framed as the
-  adapter declares) as the audio stage makes them.
-  A stage failure before the first byte is a 503; after it, an SSE error event (the adapter's ``error_event``) (raw PCM: the connection is
-  cut, so the body is incomplete). A client that goes away aborts its request in every stage: the synthesize
-  iterator is cancelled / closed (the stage graph's contract).
+  graph's ``check``) before any engine work -> 400/404 with an OpenAI-style body; past ``max_concurrency``
+  requests in flight -> 429; then ``graph.synthesize``: a complete WAV (or raw PCM), or streamed: raw PCM chunks
+  (``audio/pcm``) or server-sent events (``speech.audio.delta`` with base64 PCM, then ``speech.audio.done``;
+  framed as the adapter declares) as the audio stage makes them. A stage failure before the first byte is a
+  503; after it, an SSE error event (the adapter's ``error_event``; raw PCM: the connection is cut, so the body
+  is incomplete). A client that goes away aborts its request in every stage: the synthesize iterator is
+  cancelled / closed (the stage graph's contract).
 - every request passes :mod:`core.serving.request_limits` first (body limit -> 413, a route's escaped failure ->
   an OpenAI-style 500, both counted); bodies decode through its ``decode_json`` (400 for what cannot be used);
 - ``GET /v1/audio/voices``, ``GET /v1/models``, ``GET /health`` (503 once a stage died, or while draining),
