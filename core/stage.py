@@ -16,6 +16,7 @@ import os
 from typing import Any, Iterator, Mapping
 
 from core.kinds import AR, GENERATION, KINDS
+from omni_backends.backend import Backend
 from omni_backends.errors import BadInputError
 from omni_backends.placement import check_engine_fits
 from omni_backends.registry import Selection, select
@@ -123,7 +124,7 @@ class EngineChoices:
     enforce_eager: bool | None = False
 
 
-def check_engine_choices(choices: EngineChoices, backend: Any, env: Mapping[str, str] | None = None,
+def check_engine_choices(choices: EngineChoices, backend: Backend, env: Mapping[str, str] | None = None,
                          graph_source: str = "--graph-mode") -> str:
     """Refuse, before an engine starts, a model runner or graph mode the driver cannot run.
 
@@ -181,7 +182,7 @@ def check_engine_choices(choices: EngineChoices, backend: Any, env: Mapping[str,
     return runner
 
 
-def engine_defaults(backend: Any, engine_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def engine_defaults(backend: Backend, engine_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Engine arguments the driver's facts set where the caller's ``engine_kwargs`` leave them to vLLM.
 
     A driver whose generators have no offset (``capabilities().generator_offsets`` False, e.g. a CPU

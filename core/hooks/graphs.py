@@ -29,6 +29,7 @@ from typing import Any, Callable, ContextManager
 from core.hooks.talker_mtp import TalkerMTP
 from core.patches.compilation_config import lower_cudagraph_mode
 from core.seams import BATCH_DESCRIPTOR, CUDAGRAPH_CAPTURING, CUDAGRAPH_CAPTURING_FLAG, CUDAGRAPH_MODE
+from omni_backends.backend import Backend
 from omni_backends.policy import capture_sizes
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def no_full_graphs(vllm_config: Any, why: str) -> str | None:
     return lowered
 
 
-def mtp_graph_context(backend: Any, vllm_config: Any, p: int) -> ContextManager[None]:
+def mtp_graph_context(backend: Backend, vllm_config: Any, p: int) -> ContextManager[None]:
     """The FULL forward context that selects the talker-MTP graph for ``p`` rows:
     ``backend.forward_context(None, vllm_config, num_tokens=p,
     cudagraph_runtime_mode=CUDAGraphMode.FULL, batch_descriptor=BatchDescriptor(num_tokens=p))``."""
@@ -82,7 +83,7 @@ def mtp_graph_context(backend: Any, vllm_config: Any, p: int) -> ContextManager[
     )
 
 
-def talker_mtp_buffers(backend: Any, vllm_config: Any, *, graph: bool, max_num_reqs: int, dtype: Any,
+def talker_mtp_buffers(backend: Backend, vllm_config: Any, *, graph: bool, max_num_reqs: int, dtype: Any,
                        device: Any) -> Callable[[Any, Any, int], TalkerMTP]:
     """The ``mtp_runner`` that ``OmniHooks.bind_model`` calls as ``(head, eager_head, hidden_size)``: a
     :class:`~core.hooks.TalkerMTP` on persistent buffers ``[max_num_reqs, hidden_size]`` of ``dtype`` on
@@ -100,7 +101,7 @@ def talker_mtp_buffers(backend: Any, vllm_config: Any, *, graph: bool, max_num_r
     return build
 
 
-def capture_talker_mtp(mtp: TalkerMTP | None, backend: Any, device: Any) -> int:
+def capture_talker_mtp(mtp: TalkerMTP | None, backend: Backend, device: Any) -> int:
     """Capture the talker MTP's FULL graphs (one per capture size) inside
     ``backend.graph_capture_context(device)``, with vLLM's capture switch
     (``vllm.compilation.monitor.set_cudagraph_capturing_enabled``) on and then

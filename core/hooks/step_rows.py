@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from core.outputs import DeviceSlabs, HostSlabs, OmniModelRunnerOutput, StepOutputs, StepRows
+from omni_backends.backend import Backend
 
 #: events a :class:`StepRowsCollector` records its steps' device-to-host copies with, in turn (:meth:`record_fence`)
 FENCE_EVENTS = 4
@@ -43,7 +44,7 @@ class StepRowsCollector:
     - :attr:`emitted`: ``req_id -> positions whose outputs were emitted`` (forgotten by :meth:`drop`).
     """
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Backend) -> None:
         self.backend = backend
         #: req_id -> number of token positions whose outputs were already emitted
         self.emitted: dict[str, int] = {}

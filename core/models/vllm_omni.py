@@ -67,6 +67,7 @@ from core.patches.torchaudio_stub import torchaudio_for_import
 from core.patches.vllm_omni_bare_package import install_bare_package
 from core.patches.vllm_omni_config_pickling import pickle_through
 from core.patches.vllm_omni_platform import install_omni_platform
+from omni_backends.backend import Backend
 
 DISTRIBUTION = "vllm-omni"
 PACKAGE = "vllm_omni"
@@ -177,7 +178,7 @@ def inner_compile_allowed(env: Any = None) -> bool:
     return value == "1"
 
 
-def host_omni_platform(backend: Any) -> Any:
+def host_omni_platform(backend: Backend) -> Any:
     """A ``vllm_omni.platforms.interface.OmniPlatform`` for ``backend``.
 
     vLLM-Omni's model code asks its platform ``is_npu()`` / ``is_xpu()`` /
@@ -289,7 +290,7 @@ def _process_backend() -> Any:
     return get_backend()
 
 
-def load_module(name: str, backend: Any = None, *, platform: bool = True) -> types.ModuleType:
+def load_module(name: str, backend: Backend | None = None, *, platform: bool = True) -> types.ModuleType:
     """Import ``vllm_omni.<name>`` without running ``vllm_omni/__init__``.
 
     ``backend``: the driver whose :func:`host_omni_platform` vLLM-Omni's code

@@ -12,6 +12,7 @@ from typing import Any
 
 from core.pipeline.fields import MAX_SEED, check_int
 from core.stage import GRAPH_MODES, RUNNERS
+from omni_backends.backend import Backend
 from omni_backends.errors import BadInputError
 
 #: the most frames one audio-stage chunk may hold (``--chunk-frames``)
@@ -219,7 +220,7 @@ class GraphConfig:
                    runner=cfg.runner, stage_overrides=cfg.stage_overrides)
 
 
-def device_defaults(cfg: Any, backend: Any) -> Any:
+def device_defaults(cfg: Any, backend: Backend) -> Any:
     """``cfg`` with the device-dependent ``None`` fields filled, from what the engines
     can run: a driver whose graphs vLLM's platform runs
     (:func:`omni_backends.vllm_upstream.engine_static_graph_modes`: the declared

@@ -8,6 +8,7 @@ import os
 import tempfile
 from typing import Any
 
+from omni_backends.backend import Backend
 from omni_backends.errors import BadInputError
 
 
@@ -78,7 +79,7 @@ def check_out_dir(out: str) -> str:
     return out
 
 
-def validate_models(model_dir: str, backend: Any, stages: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+def validate_models(model_dir: str, backend: Backend, stages: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     """Check the demo models of ``stages`` in ``model_dir`` (a folder per stage) before an engine starts; returns
     stage -> config.json.
 

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from core.models.writing import current_umask
 from core.pipeline.config import GraphConfig, RunConfig
+from omni_backends.backend import Backend
 
 #: issue 25: a run's wall time (graph start + generation) may be at most this many times the slowest stage's
 #: engine start plus the generation time -- what starting the stages concurrently buys
@@ -99,7 +100,7 @@ def run_pipeline(cfg: RunConfig, progress: Callable[[str], None] | None = None) 
 
 
 async def _run_on_graph(cfg: RunConfig, gcfg: GraphConfig, req: Any, staging: str, say: Callable[[str], None],
-                        backend: Any) -> dict[str, Any]:
+                        backend: Backend) -> dict[str, Any]:
     """Start the graph, synthesise ``req``, write ``out.wav`` / ``codes.json`` (and the text stage's text) into
     ``staging``; the graph is shut down before this returns or raises. A stage failure gets "No output was
     written." appended."""

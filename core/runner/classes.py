@@ -8,10 +8,11 @@ import functools
 from typing import Any
 
 from core.kinds import AR, KINDS
+from omni_backends.backend import Backend
 
 
 @functools.lru_cache(maxsize=None)
-def omni_runner_class(mixin: type, base: type, kind: str, backend: Any) -> type:
+def omni_runner_class(mixin: type, base: type, kind: str, backend: Backend) -> type:
     """``type(f"Omni{AR|Generation}{base}", (mixin, base), {"omni_kind": kind, "omni_backend": backend})``,
     in the mixin's module. Raises ``ValueError`` for an unknown ``kind``."""
     if kind not in KINDS:

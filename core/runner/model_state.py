@@ -54,6 +54,7 @@ from core.seams import (
     MS_PREPARE_INPUTS_EMBEDS,
     REQUIRES_RAW_INPUT_TOKENS,
 )
+from omni_backends.backend import Backend
 from omni_backends.errors import OmniBackendError
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class OmniModelStateMixin(abc.ABC):
     omni_hooks: Any = None
 
     # ------------------------------------------------------------- binding
-    def bind_omni(self, backend: Any, kind: str | None = None) -> None:
+    def bind_omni(self, backend: Backend, kind: str | None = None) -> None:
         """Bind the omni hooks to this (already built) state: ``bind_model`` on
         ``self.model`` (talker MTP on persistent buffers, graph-wrapped through
         ``backend``), the persistent ``inputs_embeds`` buffer
@@ -144,7 +145,7 @@ class OmniModelStateMixin(abc.ABC):
         self.backend = backend
         self.omni_hooks = hooks  # last: the state counts as bound only when all of the above is set
 
-    def _static_mtp(self, backend: Any, hooks: Any, head: Any, eager: Any, hidden_size: int) -> Any:
+    def _static_mtp(self, backend: Backend, hooks: Any, head: Any, eager: Any, hidden_size: int) -> Any:
         """The talker MTP on persistent buffers ``[max_num_reqs, hidden_size]``
         (:func:`core.hooks.graphs.talker_mtp_buffers`, shared with V1)."""
         build = talker_mtp_buffers(backend, self.vllm_config, graph=hooks.mtp_mode == "graph",  # type: ignore[attr-defined]
@@ -352,7 +353,7 @@ def model_state_cls(kind: str = AR) -> type:
     return omni_state_cls(DEFAULT_MODEL_STATE.resolve(), kind)
 
 
-def compose_model_state(state: Any, backend: Any, kind: str) -> OmniModelStateMixin:
+def compose_model_state(state: Any, backend: Backend, kind: str) -> OmniModelStateMixin:
     """Compose the omni hooks with ``state``, the ModelState the runner built,
     in place (its class becomes :func:`omni_state_cls` of its class: the patch
     :mod:`core.patches.model_state_class`), and bind them (:meth:`OmniModelStateMixin.bind_omni`). Raises

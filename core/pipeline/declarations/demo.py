@@ -40,6 +40,7 @@ from core.pipeline.fields import (
 )
 from core.pipeline.inputs import check_prompt_fits
 from core.pipeline.spec import CHUNKED, ChunkWindow, PipelineModel, PipelineSpec, RequestOption, SpeechApi, StageSpec
+from omni_backends.backend import Backend
 from omni_backends.errors import BadInputError
 
 #: the stages, each a folder of the demo models
@@ -186,7 +187,7 @@ MAX_TOKENS = RequestOption("max_tokens", type=int, check=_check_max_tokens, defa
 
 
 # ------------------------------------------------------------------ reading the models
-def load(cfg: Any, backend: Any, say: Callable[[str], None]) -> PipelineModel:
+def load(cfg: Any, backend: Backend, say: Callable[[str], None]) -> PipelineModel:
     """The demo models of ``cfg.model_dir`` (``None``: the cache's, created on first use) checked
     (:func:`core.pipeline.inputs.validate_models`: files, head sizes the device runs) and the thinker's
     tokenizer loaded; :class:`BadInputError` saying how to recreate them."""

@@ -42,6 +42,7 @@ from core.pipeline.fields import (
     unit_speed,
 )
 from core.pipeline.spec import CHUNKED, ChunkWindow, PipelineModel, PipelineSpec, RequestOption, SpeechApi, StageSpec
+from omni_backends.backend import Backend
 from omni_backends.errors import BadInputError
 
 #: the per-row validity flag of the talker's multimodal output (vLLM-Omni's ``meta.codec_frame_valid``)
@@ -54,7 +55,7 @@ def _tts() -> Any:
     return tts
 
 
-def load(cfg: Any, backend: Any, say: Callable[[str], None]) -> PipelineModel:
+def load(cfg: Any, backend: Backend, say: Callable[[str], None]) -> PipelineModel:
     """The checkpoint ``cfg.model`` read and checked (:func:`core.models.qwen3_tts.read_checkpoint`: every file of
     the release, what the core can run of its config) and vLLM-Omni's deploy defaults; the chunk window is the
     deploy's (``cfg.chunk_frames`` overrides its chunk size). :class:`BadInputError` naming the file or value."""

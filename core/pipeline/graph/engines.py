@@ -15,12 +15,13 @@ from typing import Any, Callable
 
 from core.pipeline.config import GraphConfig, device_defaults, engine_kw
 from core.pipeline.faults import failure_cause
+from omni_backends.backend import Backend
 from omni_backends.errors import BadInputError, StageFailedError
 
 log = logging.getLogger(__name__)
 
 
-def prepare_environment(cfg: GraphConfig, backend: Any, spec: Any = None) -> GraphConfig:
+def prepare_environment(cfg: GraphConfig, backend: Backend, spec: Any = None) -> GraphConfig:
     """``cfg`` with the device's defaults (:func:`device_defaults`), its engine choices checked
     (:func:`core.stage.check_engine_choices`) and vLLM's variables set for the engines to come:
     ``VLLM_USE_V2_MODEL_RUNNER`` (``--runner``), ``VLLM_ENABLE_V1_MULTIPROCESSING`` (``--multiprocess``: with
@@ -67,7 +68,7 @@ def _runner_source(cfg: GraphConfig) -> str:
         f"VLLM_USE_V2_MODEL_RUNNER={os.environ.get('VLLM_USE_V2_MODEL_RUNNER')}"
 
 
-def stage_memory(backend: Any, stage_args: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def stage_memory(backend: Backend, stage_args: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each stage's ``kv_cache_memory_bytes`` / ``gpu_memory_utilization`` (``engine_memory_kw`` for its model
     folder, ``max_model_len``, ``max_num_seqs`` and ``dtype``, from ``stage_args``: stage -> its declared engine
     arguments), and one check that the stages together fit the device's free memory.
@@ -158,7 +159,7 @@ def engine_config(engine: Any) -> dict[str, Any]:
     }
 
 
-async def start_engines(cfg: GraphConfig, backend: Any = None, say: Callable[[str], None] | None = None
+async def start_engines(cfg: GraphConfig, backend: Backend | None = None, say: Callable[[str], None] | None = None
                         ) -> tuple[GraphConfig, Any, Any, dict[str, Any], dict[str, dict[str, Any]]]:
     """Check ``cfg``, resolve the pipeline declared for ``cfg.model`` (:func:`core.pipeline.declarations.resolve`;
     the demo when it is ``None``),

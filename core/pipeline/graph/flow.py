@@ -22,6 +22,7 @@ from core.pipeline.graph.engines import release_all, start_engines
 from core.pipeline.graph.requests import AudioChunk, SpeechResult
 from core.pipeline.spec import PipelineModel, PipelineSpec, StageSpec
 from core.seams import ENGINE_DEAD_ERROR
+from omni_backends.backend import Backend
 from omni_backends.errors import BadInputError, StageFailedError
 
 #: seconds between the watchdog's looks at each engine (``AsyncLLM.errored``)
@@ -73,7 +74,7 @@ class StageGraph:
 
     # ------------------------------------------------------------------ start, stop
     @classmethod
-    async def start(cls, cfg: GraphConfig, backend: Any = None, say: Callable[[str], None] | None = None
+    async def start(cls, cfg: GraphConfig, backend: Backend | None = None, say: Callable[[str], None] | None = None
                     ) -> "StageGraph":
         """Start the engines of the pipeline declared for ``cfg.model`` (:func:`core.pipeline.declarations.resolve`)
         concurrently (each ``core.stage.make_async_engine`` in a thread of its own: the constructors block until
