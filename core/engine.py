@@ -38,7 +38,8 @@ from core.patches.output_processor_class import omni_output_processor
 from core.patches.request_output_collector_class import QUEUE_ARG, omni_collector
 from core.patches.request_output_field import set_multimodal_outputs
 from core.patches.request_state_class import omni_request_state
-from core.outputs import STEP_LOG_STEPS, StepAccumulator, StepLog, StepRows, merge_step_outputs
+from core.outputs import StepRows, merge_step_outputs
+from core.step_log import STEP_LOG_STEPS, StepAccumulator, StepLog
 from core.payloads import EXTRA_ARGS_KEY, unpack
 from core.seams import ASYNC_SCHEDULER, ASYNC_SCHEDULING
 
@@ -158,8 +159,8 @@ class OmniRequestState:
     """Mixed over vLLM's per-request ``RequestState`` (``vllm.v1.engine.output_processor``) by
     :class:`OmniOutputProcessor`: sets ``RequestOutput.multimodal_outputs`` on every output vLLM makes for the
     request (``make_request_output``: the outputs of ``process_outputs`` and the final one of an abort), read
-    then from the processor's step-major log (:class:`~core.outputs.StepLog`): the request's rows of the steps
-    since its last read, folded into its :class:`~core.outputs.StepAccumulator` (new rows only are copied).
+    then from the processor's step-major log (:class:`~core.step_log.StepLog`): the request's rows of the steps
+    since its last read, folded into its :class:`~core.step_log.StepAccumulator` (new rows only are copied).
     The accumulator lives on the state, so vLLM frees it when it frees the state (finished or aborted).
 
     ``RequestOutputKind.DELTA``: the steps since the previous output; ``CUMULATIVE`` / ``FINAL_ONLY``: every
@@ -236,7 +237,7 @@ class OmniOutputProcessor(OutputProcessor):
 
     def _omni_compact(self, log: StepLog) -> None:
         """Fold every live request's unread rows into its accumulator, then clear the log (every
-        :data:`~core.outputs.STEP_LOG_STEPS` steps: per request once per that many steps)."""
+        :data:`~core.step_log.STEP_LOG_STEPS` steps: per request once per that many steps)."""
         for state in self.request_states.values():
             if isinstance(state, OmniRequestState) and state.omni_log is log:
                 state.omni_fold()

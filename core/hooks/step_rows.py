@@ -12,7 +12,7 @@ stream-ordered (``Capabilities.d2h_stream_ordered`` and ``pinned_memory``) and f
 (``Backend.new_event``; ``Backend.synchronize`` where the driver declares no events); or, with
 :attr:`StepRowsCollector.outputs_on_device` (asked for by the caller of an in-process engine,
 ``core.stage.make_engine(..., outputs_on_device=True)``, through the worker's ``omni_outputs_on_device``), into
-slabs on the forward's own device (:class:`~core.outputs.DeviceSlabs`): a device-to-device copy on the current
+slabs on the forward's own device (:class:`~core.slabs.DeviceSlabs`): a device-to-device copy on the current
 stream, no host copy and no fence per step. The rows then stay on the device until the caller reads them
 (``RequestOutput.multimodal_outputs`` holds device tensors) -- device memory outside vLLM's budget, held as
 host rows are: until every request with rows in a slab has read them.
@@ -27,7 +27,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from core.outputs import DeviceSlabs, HostSlabs, OmniModelRunnerOutput, StepOutputs, StepRows
+from core.outputs import OmniModelRunnerOutput, StepOutputs, StepRows
+from core.slabs import DeviceSlabs, HostSlabs
 from omni_backends.backend import Backend
 
 #: events a :class:`StepRowsCollector` records its steps' device-to-host copies with, in turn (:meth:`record_fence`)

@@ -499,7 +499,7 @@ def test_merge_step_outputs_concatenates_along_tokens():
 def test_step_accumulator_equals_merge_step_outputs_read_every_step_or_once():
     """The front end's accumulator: the same tensors as merging all steps, whether read after every step
     (CUMULATIVE outputs: only new rows are copied) or once at the end (FINAL_ONLY)."""
-    from core.outputs import StepAccumulator
+    from core.step_log import StepAccumulator
 
     g = torch.Generator().manual_seed(3)
     steps = [{"h": torch.randn(n, 3, generator=g), "rate": torch.tensor(float(n))} for n in (5, 1, 1, 2, 1, 1, 1)]

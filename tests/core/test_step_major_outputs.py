@@ -2,7 +2,7 @@
 
 A step's outputs travel runner -> scheduler -> front end as one :class:`~core.outputs.StepRows` per step (the
 step's host tensors and each request's row range), carried by the step's first ``EngineCoreOutput``; the front
-end logs the steps (:class:`~core.outputs.StepLog`) and slices a request's rows when its output is made.
+end logs the steps (:class:`~core.step_log.StepLog`) and slices a request's rows when its output is made.
 
 Unit tests: vLLM's msgpack boundary, the scheduler's attach / hold / per-front-end split, the log. Engine test
 (the demo thinker on cpu, a KV cache too small for the batch so vLLM preempts, chunked prefill): every output
@@ -17,7 +17,8 @@ import os
 import pytest
 import torch
 
-from core.outputs import StepLog, StepRows
+from core.outputs import StepRows
+from core.step_log import StepLog
 
 pytest.importorskip("vllm")
 

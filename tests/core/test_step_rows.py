@@ -161,7 +161,7 @@ def test_outputs_on_device_stay_on_the_forwards_device_with_no_host_copy_nor_fen
     """``outputs_on_device``: a device tensor's rows go into a slab on its own device (``meta`` stands for an
     accelerator here: the same code path, no data), no ``to_host``, no event; by default they are copied to the
     host."""
-    from core.outputs import DeviceSlabs
+    from core.slabs import DeviceSlabs
 
     backend = _CountingBackend(cpu_backend)
     rows = StepRowsCollector(backend)
@@ -184,7 +184,9 @@ def test_the_front_ends_log_gathers_device_rows_on_the_device_with_no_host_index
     """A request's rows over several steps of a device slab are concatenated on the device from views of the
     slab: no ``index_select`` with an index built on the host (copying it over waits for the device; an
     accelerator refuses a host index). Host slabs keep their one ``index_select``."""
-    from core.outputs import DeviceSlabs, HostSlabs, StepLog, StepRows
+    from core.outputs import StepRows
+    from core.slabs import DeviceSlabs, HostSlabs
+    from core.step_log import StepLog
 
     selects = []
     inner = torch.Tensor.index_select
