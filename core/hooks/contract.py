@@ -30,6 +30,9 @@ model attribute                    meaning (vLLM-Omni semantics)
 ``talker_mtp_validity_key``        ``(category, qualifier)`` set to ``True`` with the codes
 ``mtp_hidden_size``                width of the MTP's persistent input buffers
 ``talker_mtp_graph_safe``          the MTP may be captured in a FULL graph
+``mtp_sample_uniforms`` + ``mtp_sample_steps`` / ``mtp_sample_vocab_size``: ``talker_mtp`` takes its
+                                   sampling noise as ``sample_uniforms=`` ``[n, steps, vocab]``
+                                   float32 (seeded rows stay on the graph: ``core.hooks.talker_mtp``)
 ``compute_logits(h, sampling_metadata=)``  called by vLLM; a generation model may return
                                    ``None`` (the core then samples from zero logits)
 ``on_requests_finished(ids)``      told which requests finished or were aborted
@@ -126,6 +129,8 @@ class ModelContract:
     talker_mtp_validity_key: tuple[str, str] | None = None
     talker_mtp_graph_safe: bool = False
     mtp_hidden_size: int | None = None
+    #: ``(steps, vocab)`` of the noise ``talker_mtp`` takes as ``sample_uniforms=``; None: it draws its own
+    mtp_sample_shape: tuple[int, int] | None = None
     on_requests_finished: Callable[..., Any] | None = None
     set_batch_req_ids: Callable[..., Any] | None = None
     dummy_request_state: Callable[..., Any] | None = None
@@ -176,6 +181,11 @@ def read_contract(model: Any) -> ModelContract:
         if size is not None and (not isinstance(size, int) or size <= 0):
             raise ModelContractError(f"{type(model).__name__}.mtp_hidden_size must be a positive int, got {size!r}")
         c["mtp_hidden_size"] = size
+        steps = int(getattr(model, "mtp_sample_steps", 0) or 0)
+        vocab = int(getattr(model, "mtp_sample_vocab_size", 0) or 0)
+        if getattr(model, "mtp_sample_uniforms", False) and steps > 0 and vocab > 0:  # vLLM-Omni's own condition
+            _check(model, "talker_mtp", positional=4, keywords=("sample_uniforms",))
+            c["mtp_sample_shape"] = (steps, vocab)
     for hook, pos in (("on_requests_finished", 1), ("set_batch_req_ids", 1)):
         if callable(getattr(model, hook, None)):
             _check(model, hook, positional=pos)

@@ -115,7 +115,9 @@ class OmniHooks:
         ``talker_mtp_graph_safe`` allow, on persistent buffers of width
         ``mtp_hidden_size`` built by ``mtp_runner(head, eager_head, hidden_size)``
         (the runner's: it knows ``max_num_reqs``, dtype and capture sizes; by
-        default an eager :class:`TalkerMTP` for 256 rows)."""
+        default an eager :class:`TalkerMTP` for 256 rows), given the persistent
+        ``sample_uniforms`` buffer where the model declares ``mtp_sample_uniforms``
+        (:meth:`TalkerMTP.use_sample_uniforms`)."""
         self.model = model
         self.contract = c = read_contract(model)
         self.outputs_only = c.postprocess is None and c.make_omni_output is None and c.set_batch_req_ids is None
@@ -162,6 +164,8 @@ class OmniHooks:
             self.talker_mtp = TalkerMTP(head, 256, hidden, dtype, self.backend.device(), eager=c.talker_mtp)
         else:
             self.talker_mtp = mtp_runner(head, c.talker_mtp, hidden)
+        if c.mtp_sample_shape is not None:  # seeded rows stay on the graph: noise drawn per row outside it
+            self.talker_mtp.use_sample_uniforms(*c.mtp_sample_shape)
 
     def _install_logits_fallback(self, model: Any) -> None:
         """A generation-kind model's ``compute_logits`` may return ``None`` (it
