@@ -18,6 +18,7 @@ talker MTP), ``build_extra_kwargs``, ``process_model_output``,
 
 from __future__ import annotations
 
+import collections
 import logging
 from typing import Any, Callable, Iterable, NamedTuple
 
@@ -101,6 +102,10 @@ class OmniHooks:
         self.mtp_mode = "none"
         self.mtp_sampling: dict[str, Any] = {}
         self.vocab_size: int | None = None
+        #: real forwards by the number of requests in them (``{requests: forwards}``; bounded by
+        #: ``max_num_seqs``), read through the worker's ``omni_state``: e.g. how many chunk requests of
+        #: concurrent utterances a code2wav forward decoded together
+        self.forward_requests: collections.Counter[int] = collections.Counter()
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.backend.device())
@@ -339,7 +344,10 @@ class OmniHooks:
         ``request_token_spans`` (``(start, end)`` per request); generation kind:
         ``seq_token_counts``, ``request_ids`` (each request's :func:`state_key`); plus ``runner_kwargs`` (the AR
         runner passes ``sampling_metadata`` and ``sampler``). A dummy batch's state is the model's
-        ``get_dummy_runtime_additional_information(n)`` where it declares one, else empty dicts."""
+        ``get_dummy_runtime_additional_information(n)`` where it declares one, else empty dicts. A real batch is
+        counted in :attr:`forward_requests` (requests per forward)."""
+        if not batch.dummy:
+            self.forward_requests[len(batch.req_ids)] += 1
         if not self.passes_request_state:  # the forward takes none of them: build nothing per request
             return self.contract.forward_kwargs(dict(runner_kwargs))
         # a dummy batch's ids are never removed: fresh dicts (the model's own dummy state where it declares one),

@@ -81,6 +81,7 @@ def decode_config(model) -> dict:
             "enforce_eager": bool(model.vllm_config.model_config.enforce_eager),
             "device": str(model.vllm_config.device_config.device),
             "decoder_graph": bool(getattr(dec, "_cudagraph_enabled", False)),
+            "decoder_graph_batch_sizes": list(getattr(wrapper, "capture_batch_sizes", None) or []),
             "decoder_graph_shapes": shapes}
 
 
