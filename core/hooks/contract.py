@@ -39,6 +39,8 @@ model attribute                    meaning (vLLM-Omni semantics)
 ``get_dummy_runtime_additional_information(n)``  the per-request state of a dummy run's
                                    ``n`` requests (vLLM's profile / warm-up / capture runs)
 ``set_batch_req_ids(ids)``         told the batch's request order before ``compute_logits``
+``requires_exact_input_shape``     its forward gets a real step's scheduled tokens only (no
+                                   CUDA-graph padding rows: ``core.model_io.exact_token_kwargs``)
 ``postprocess_uses_hidden_states`` / ``_multimodal_outputs`` / ``_req_infos``: what
                                    ``postprocess`` receives (default all)
 =================================  ==================================================
@@ -134,6 +136,7 @@ class ModelContract:
     on_requests_finished: Callable[..., Any] | None = None
     set_batch_req_ids: Callable[..., Any] | None = None
     dummy_request_state: Callable[..., Any] | None = None
+    requires_exact_input_shape: bool = False
     forward_params: frozenset | None = None  # None: the forward takes **kwargs
 
     def forward_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -165,6 +168,7 @@ def read_contract(model: Any) -> ModelContract:
         _check(model, "make_omni_output", positional=1, var_keyword=True)
         c["make_omni_output"] = model.make_omni_output
     c["have_multimodal_outputs"] = bool(getattr(model, "have_multimodal_outputs", False))
+    c["requires_exact_input_shape"] = bool(getattr(model, "requires_exact_input_shape", False))
     keys = getattr(model, "gpu_resident_buffer_keys", ()) or ()
     for k in keys:
         if not (isinstance(k, tuple) and len(k) == 2):

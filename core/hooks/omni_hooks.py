@@ -180,6 +180,14 @@ class OmniHooks:
         :mod:`core.patches.compute_logits`."""
         install_logits_fallback(model, self.vocab_size or 1)
 
+    @property
+    def exact_tokens(self) -> bool:
+        """Whether a real step's forward gets only its scheduled tokens (``core.model_io.exact_token_kwargs``):
+        a generation-kind model (it gets ``seq_token_counts`` and decodes whole requests: vLLM-Omni's code2wav
+        models split the flat tokens by them and give the last request the rest, CUDA-graph padding included),
+        or a model declaring vLLM-Omni's ``requires_exact_input_shape``."""
+        return self.kind == GENERATION or self.contract.requires_exact_input_shape
+
     # ------------------------------------------------------ on_new_requests
     def on_new_requests(self, new_requests: Iterable[tuple[str, Any]]) -> None:
         """Store each new request's initial state (``sampling_params.extra_args``

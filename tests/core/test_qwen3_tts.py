@@ -221,6 +221,19 @@ def test_code2wav_reads_the_deploys_decode_config_and_its_decoder_graph_follows_
         assert max(d["decoder_graph_batch_sizes"]) == d["decode_batch_max_size"], d
 
 
+def test_code2wav_a_padded_step_decodes_only_its_scheduled_frames(scenario, variant) -> None:
+    """A step vLLM pads to a CUDA-graph size (4 padding tokens after one chunk request's ``Q * F`` codes, the call
+    the runner makes with the core's per-request kwargs): the model decodes the chunk's ``F`` frames, not
+    ``F + 1`` (on cuda with graphs the served graph then failed reshaping the waveform: ``shape '[7, -1]' is
+    invalid for input of size 15360``, issue 44)."""
+    r = scenario("code2wav", variant)
+    if _code2wav_refused_on_v2(r):
+        pytest.skip("this vLLM's V2 runner cannot run a model without a KV cache")
+    p = r["padded_step"]
+    assert p["samples"] == p["frames"] * r["upsample"], p
+    assert p["states_left"] == []
+
+
 def test_code2wav_incremental_chunks_equal_the_whole_decode_and_release_their_state(scenario, test_device,
                                                                                    variant) -> None:
     """The deploy's ``async_chunk`` protocol as the served stage runs it: chunks of only their new frames (1, then
