@@ -7,6 +7,7 @@ writes under ``--out``. A record is ``bench/results/<script>-<UTC date and time>
      "commit": "dc7ba6e", "dirty": false, "date": "2026-12-05T01:30:12Z",
      "device": "cpu", "machine": {"host": ..., "platform": ..., "python": ..., "cpus": 2, "accelerator": null,
                                   "torch": "2.13.0+cpu", "vllm": "0.32.0"},
+     ... on a GPU machine: "accelerator": "NVIDIA H100 80GB HBM3 x1", "gpus": [{"name": ..., "driver": ...}]
      "figures": {...}}
 
 ``commit`` is the short id of ``HEAD`` (or the content of ``.git-head`` where a copy of the tree has no usable
@@ -57,9 +58,30 @@ def commit() -> tuple[str | None, bool | None]:
     return sha, (bool(status) if status is not None else None)
 
 
+def nvidia_gpus() -> list[dict[str, str]] | None:
+    """The NVIDIA GPUs ``nvidia-smi`` lists (``--query-gpu=name,driver_version``): ``[{"name", "driver"}, ...]``
+    in its order; ``None`` where it is not installed, fails or times out (10 s). Initialises nothing in this
+    process (a benchmark's engines run in child processes: its own torch never touched the device)."""
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if p.returncode != 0:
+        return None
+    gpus = []
+    for line in p.stdout.splitlines():
+        name, _, driver = line.rpartition(",") if "," in line else (line, "", "")
+        if name.strip():
+            gpus.append({"name": name.strip(), "driver": driver.strip()})
+    return gpus or None
+
+
 def machine() -> dict[str, Any]:
-    """Host, platform, CPU count, and the accelerator / torch / vLLM versions where the script already imported
-    them (nothing is imported or initialised here)."""
+    """Host, platform, CPU count, the accelerator, and the torch / vLLM versions where the script already
+    imported them (nothing is imported or initialised here). ``accelerator``: ``"<name> x<count>"`` -- from
+    torch where this process initialised CUDA, else from ``nvidia-smi`` (:func:`nvidia_gpus`, also kept whole
+    as ``gpus`` with the driver version); ``None`` on a machine without either."""
     info: dict[str, Any] = {"host": platform.node(), "platform": platform.platform(),
                             "python": platform.python_version(), "cpus": os.cpu_count(), "accelerator": None}
     torch = sys.modules.get("torch")
@@ -70,6 +92,11 @@ def machine() -> dict[str, Any]:
                 info["accelerator"] = f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
         except Exception as e:  # a broken device query must not lose the record
             info["accelerator"] = f"unknown ({type(e).__name__})"
+    gpus = nvidia_gpus()
+    if gpus:
+        info["gpus"] = gpus
+        if info["accelerator"] is None:
+            info["accelerator"] = f"{gpus[0]['name']} x{len(gpus)}"
     vllm = sys.modules.get("vllm")
     if vllm is not None:
         info["vllm"] = getattr(vllm, "__version__", None)

@@ -104,6 +104,10 @@ class ModelOutputAdapter:
     ``persistent=False`` (an engine without graphs: nothing replays a capture)
     keeps each call's own tensors instead of copying them into the buffers.
 
+    ``exact_tokens=True`` (``OmniHooks.exact_tokens``: a generation-kind model, or one declaring vLLM-Omni's
+    ``requires_exact_input_shape``): a real step's call gets its token tensors cut to the scheduled tokens
+    (:func:`exact_token_kwargs`), its hidden states padded back with zero rows to the call's length.
+
     The runner brackets a real step with :meth:`begin_step` and, after the
     forward, reads :meth:`take`. Raises ``RuntimeError`` from :meth:`take` when
     a step replayed a graph (no Python ran) but the model's outputs include
@@ -118,8 +122,10 @@ class ModelOutputAdapter:
     """
 
     def __init__(self, model: Any, max_num_tokens: int, hidden_size: int | None = None, dtype: Any = None,
-                 *, keep_hidden: bool = False, persistent: bool = True) -> None:
+                 *, keep_hidden: bool = False, persistent: bool = True, exact_tokens: bool = False) -> None:
         self.max_num_tokens = int(max_num_tokens)
+        #: a real step's token tensors cut to its scheduled tokens (:func:`scheduled_tokens`) before the model
+        self.exact_tokens = exact_tokens
         self.keep_hidden = keep_hidden
         self.persistent = persistent
         self._hidden: torch.Tensor | None = None
@@ -160,7 +166,8 @@ class ModelOutputAdapter:
                 kwargs = self._with_embeds(args, kwargs)
             if self._dummy_request_state is not None and not any(k in kwargs for k in REQUEST_STATE_KWARGS):
                 kwargs = self._with_dummy_request_state(kwargs)
-            own = type(model).forward(model, *args, **kwargs) if saved is None else saved(*args, **kwargs)
+            given = exact_token_kwargs(kwargs) if self.exact_tokens and not args else kwargs
+            own = type(model).forward(model, *args, **given) if saved is None else saved(*args, **given)
             return on_output(args, kwargs, own)
 
         setattr(forward, ADAPTER_ATTR, self)
@@ -214,6 +221,8 @@ class ModelOutputAdapter:
         hidden, mm = split_output(output)
         if hidden is None:
             hidden = self._zeros(*_num_tokens(args, kwargs))
+        elif self.exact_tokens and hidden.shape[0] < (n := _num_tokens(args, kwargs)[0]):  # the padded rows back
+            hidden = torch.cat([hidden, hidden.new_zeros((n - hidden.shape[0], *hidden.shape[1:]))])
         persistent = self.persistent
         if self.keep_hidden:
             self._hidden = _persistent(self._hidden, hidden, self.max_num_tokens) if persistent else hidden
@@ -332,6 +341,39 @@ PER_REQUEST_KWARGS = ("model_intermediate_buffer", "runtime_additional_informati
 REQUEST_STATE_KWARGS = ("model_intermediate_buffer", "runtime_additional_information")
 #: vLLM-Omni's model hook giving the per-request state of a dummy run (``num_reqs`` -> a list of state dicts)
 DUMMY_REQUEST_STATE_HOOK = "get_dummy_runtime_additional_information"
+
+
+def scheduled_tokens(kwargs: dict[str, Any]) -> int | None:
+    """The tokens a real step scheduled, from its per-request kwargs (``OmniHooks.build_extra_kwargs``): the sum of
+    ``seq_token_counts``, else the end of the last ``request_token_spans``; ``None`` without them (vLLM's dummy
+    runs)."""
+    counts = kwargs.get("seq_token_counts")
+    if counts is not None:
+        return int(sum(counts))
+    spans = kwargs.get("request_token_spans")
+    return int(spans[-1][1]) if spans else None
+
+
+def exact_token_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` of a model call with ``input_ids`` / ``inputs_embeds`` ``[:n]`` and ``positions`` ``[..., :n]``
+    for the ``n`` scheduled tokens (:func:`scheduled_tokens`): the rows vLLM pads a step with up to a CUDA-graph
+    size cut off. For a model that splits the flat tokens by its per-request counts and gives the last (or only)
+    request the rest (vLLM-Omni's ``Qwen3TTSCode2Wav._split_request_ids``: a padded single chunk of 7 frames
+    decoded as 8, ``RuntimeError: shape '[7, -1]' is invalid``); vLLM-Omni trims ``input_ids`` the same way for
+    models declaring ``requires_exact_input_shape`` (its ``maybe_unpad_input_ids``). Unchanged when the call
+    carries no per-request counts or nothing is padded."""
+    n = scheduled_tokens(kwargs)
+    if n is None:
+        return kwargs
+    out = dict(kwargs)
+    for key in ("input_ids", "inputs_embeds"):
+        t = out.get(key)
+        if isinstance(t, torch.Tensor) and t.shape[0] > n:
+            out[key] = t[:n]
+    pos = out.get("positions")
+    if isinstance(pos, torch.Tensor) and pos.shape[-1] > n:
+        out["positions"] = pos[..., :n]
+    return out
 
 
 def _num_tokens(args: Any, kwargs: dict[str, Any]) -> tuple[int, torch.device]:

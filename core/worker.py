@@ -93,6 +93,7 @@ class OmniWorkerMixin:
             "mtp_calls": dict(hooks.mtp_calls) if hooks else None,
             "mtp_calls_finished": dict(hooks.mtp_calls_finished) if hooks else None,
             "mtp_mode": hooks.mtp_mode if hooks else None,
+            "forward_requests": dict(hooks.forward_requests) if hooks else None,  # {requests in a forward: count}
             # talker MTP graphs: sizes captured and replays since (None when the head runs eager or is absent)
             "mtp_graph": getattr(getattr(hooks, "talker_mtp", None), "graph_stats", lambda: None)() if hooks else None,
             "peak_memory_bytes": sel.backend.peak_memory() if sel else None,

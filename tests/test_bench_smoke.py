@@ -363,3 +363,26 @@ def test_record_is_not_written_by_a_nested_run_nor_half_written(record_module, t
     with pytest.raises(TypeError):
         record_module.write_record(str(BENCH / "bench_devices.py"), {"x": object()}, device="cpu", argv=[])
     assert list((tmp_path / "results").iterdir()) == []
+
+
+def test_record_names_the_gpu_from_nvidia_smi(record_module, tmp_path: pathlib.Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A benchmark whose engines ran in child processes never initialised CUDA itself: the record names the GPUs
+    ``nvidia-smi`` lists (here a stand-in for the tool on ``PATH`` printing its CSV), and says nothing where the
+    tool is absent or fails."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    smi = tools / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n[ \"$1\" = --query-gpu=name,driver_version ] || exit 3\n"
+                   "echo 'NVIDIA H100 80GB HBM3, 570.86.15'\necho 'NVIDIA H100 80GB HBM3, 570.86.15'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    m = record_module.machine()
+    assert m["accelerator"] == "NVIDIA H100 80GB HBM3 x2"
+    assert m["gpus"] == [{"name": "NVIDIA H100 80GB HBM3", "driver": "570.86.15"}] * 2
+    path = record_module.write_record(str(BENCH / "bench_devices.py"), {"x": 1}, device="cuda", argv=[])
+    assert json.loads(path.read_text())["machine"]["accelerator"] == "NVIDIA H100 80GB HBM3 x2"
+    smi.write_text("#!/bin/sh\nexit 9\n")
+    assert record_module.nvidia_gpus() is None
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    assert record_module.nvidia_gpus() is None and record_module.machine()["accelerator"] is None

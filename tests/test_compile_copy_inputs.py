@@ -3,8 +3,9 @@ that builds the embeddings its compiled decoder reads) with M-RoPE positions, as
 
 vLLM's ``make_copy_and_call`` slices every input with a symbolic size along dim 0; positions ``[3, num_tokens]`` then
 fail at the first graph capture (the H200, 2026-12-05: "The size of tensor a (2048) must match the size of tensor b
-(128) at non-singleton dimension 1"). ``core.patches.compilation_config`` copies the inputs that vary in dim 0 only,
-through vLLM's own wrapper, and passes the others as given. Real vLLM function, cpu tensors.
+(128) at non-singleton dimension 1"). ``core.patches.compilation_config`` copies the inputs that vary in dim 0 only
+and keep their strides in the copy, through vLLM's own wrapper, and passes the others as given. Real vLLM function,
+cpu tensors (and inductor on the cpu for the stride fault, issue 44 item 4).
 """
 
 from __future__ import annotations
@@ -52,6 +53,62 @@ def test_embeddings_are_copied_into_the_static_buffer_and_positions_pass_as_give
         assert got_embeds.data_ptr() == buffers[0].data_ptr() and got_embeds.shape == (n, HIDDEN)
         assert torch.equal(got_embeds, embeds) and got_positions is positions
     assert len(log) == 3
+
+
+def test_positions_at_the_profile_runs_size_pass_as_given():
+    """At the profile run (``num_tokens == max_num_tokens``, the compile-time example's size) the positions' trailing
+    dims equal the buffer's, but the buffer is a contiguous clone (row stride ``max``) of the runner's view (row
+    stride ``max + 1``): a copy would hand the compiled graph a tensor of other strides than it reads (issue 44
+    item 4, the talker's start-time M-RoPE assert; :func:`test_a_compiled_graph_reads_the_positions_it_was_given`).
+    They pass as given; the embeddings are still copied."""
+    original = getattr(MAKE_COPY_AND_CALL.resolve(), "__wrapped__", MAKE_COPY_AND_CALL.resolve())
+    buffers, log = _buffers(), []
+    wrapper = copy_leading_dim_inputs(original)([0, 1], buffers, _called(log))
+    runner_positions = torch.arange(3 * (MAX_TOKENS + 1), dtype=torch.int64).reshape(3, MAX_TOKENS + 1)
+    for n in (MAX_TOKENS, 1, MAX_TOKENS):
+        positions = runner_positions[:, :n]
+        got_embeds, got_positions = wrapper(torch.ones(n, HIDDEN), positions)
+        assert got_positions is positions and got_positions.stride() == (MAX_TOKENS + 1, 1)
+        assert got_embeds.data_ptr() == buffers[0].data_ptr()
+    assert torch.equal(buffers[1], torch.zeros(3, MAX_TOKENS, dtype=torch.int64))  # never written
+
+
+def test_a_compiled_graph_reads_the_positions_it_was_given():
+    """The fault end to end on the cpu, through inductor and vLLM's copy as vLLM 0.26 runs them on torch < 2.12
+    (inductor's ``size_asserts`` off): a graph compiled at the profile run's size from the runner's positions view
+    ``[3, max]`` of ``[3, max + 1]`` indexes a rotary cache with them. The core's copy wrapper must give it those
+    positions, not a contiguous copy it reads with the old row stride (rows 1-2 shifted, the last two positions
+    past the copy's end: ``index out of bounds`` on the H100 at some starts, issue 44 item 4)."""
+    from torch._inductor.compile_fx import compile_fx
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.fx.experimental.symbolic_shapes import is_symbolic
+
+    original = getattr(MAKE_COPY_AND_CALL.resolve(), "__wrapped__", MAKE_COPY_AND_CALL.resolve())
+    cache = torch.randn(4 * MAX_TOKENS, HIDDEN)  # positions < MAX_TOKENS + 40 index it
+
+    def backend(gm, example_inputs):  # VllmBackend's copy around an inductor-compiled graph
+        compiled = compile_fx(gm, example_inputs, config_patches={
+            "size_asserts": False, "alignment_asserts": False, "scalar_asserts": False})
+        metas = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+        sym = [i for i, x in enumerate(metas)
+               if isinstance(x, FakeTensor) and any(is_symbolic(d) for d in x.size())]
+        return copy_leading_dim_inputs(original)(sym, [example_inputs[i].clone() for i in sym], compiled)
+
+    def rope_like(x, positions):
+        return x * 2, cache[positions].sum(0)
+
+    runner = torch.zeros(3, MAX_TOKENS + 1, dtype=torch.int64)
+    runner[:, :MAX_TOKENS] = torch.arange(MAX_TOKENS) + torch.tensor([[0], [20], [40]])
+    compiled = torch.compile(rope_like, backend=backend, fullgraph=True)
+    torch._dynamo.reset()
+    try:
+        for n in (MAX_TOKENS, 5, MAX_TOKENS):  # the profile run first: it compiles
+            x, positions = torch.ones(n, HIDDEN), runner[:, :n]
+            torch._dynamo.mark_dynamic(x, 0)
+            torch._dynamo.mark_dynamic(positions, 1)
+            assert torch.equal(compiled(x, positions)[1], rope_like(x, positions)[1]), n
+    finally:
+        torch._dynamo.reset()
 
 
 def test_inputs_varying_in_dim_0_only_keep_vllms_copy_of_every_input():

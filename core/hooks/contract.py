@@ -30,12 +30,17 @@ model attribute                    meaning (vLLM-Omni semantics)
 ``talker_mtp_validity_key``        ``(category, qualifier)`` set to ``True`` with the codes
 ``mtp_hidden_size``                width of the MTP's persistent input buffers
 ``talker_mtp_graph_safe``          the MTP may be captured in a FULL graph
+``mtp_sample_uniforms`` + ``mtp_sample_steps`` / ``mtp_sample_vocab_size``: ``talker_mtp`` takes its
+                                   sampling noise as ``sample_uniforms=`` ``[n, steps, vocab]``
+                                   float32 (seeded rows stay on the graph: ``core.hooks.talker_mtp``)
 ``compute_logits(h, sampling_metadata=)``  called by vLLM; a generation model may return
                                    ``None`` (the core then samples from zero logits)
 ``on_requests_finished(ids)``      told which requests finished or were aborted
 ``get_dummy_runtime_additional_information(n)``  the per-request state of a dummy run's
                                    ``n`` requests (vLLM's profile / warm-up / capture runs)
 ``set_batch_req_ids(ids)``         told the batch's request order before ``compute_logits``
+``requires_exact_input_shape``     its forward gets a real step's scheduled tokens only (no
+                                   CUDA-graph padding rows: ``core.model_io.exact_token_kwargs``)
 ``postprocess_uses_hidden_states`` / ``_multimodal_outputs`` / ``_req_infos``: what
                                    ``postprocess`` receives (default all)
 =================================  ==================================================
@@ -126,9 +131,12 @@ class ModelContract:
     talker_mtp_validity_key: tuple[str, str] | None = None
     talker_mtp_graph_safe: bool = False
     mtp_hidden_size: int | None = None
+    #: ``(steps, vocab)`` of the noise ``talker_mtp`` takes as ``sample_uniforms=``; None: it draws its own
+    mtp_sample_shape: tuple[int, int] | None = None
     on_requests_finished: Callable[..., Any] | None = None
     set_batch_req_ids: Callable[..., Any] | None = None
     dummy_request_state: Callable[..., Any] | None = None
+    requires_exact_input_shape: bool = False
     forward_params: frozenset | None = None  # None: the forward takes **kwargs
 
     def forward_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -160,6 +168,7 @@ def read_contract(model: Any) -> ModelContract:
         _check(model, "make_omni_output", positional=1, var_keyword=True)
         c["make_omni_output"] = model.make_omni_output
     c["have_multimodal_outputs"] = bool(getattr(model, "have_multimodal_outputs", False))
+    c["requires_exact_input_shape"] = bool(getattr(model, "requires_exact_input_shape", False))
     keys = getattr(model, "gpu_resident_buffer_keys", ()) or ()
     for k in keys:
         if not (isinstance(k, tuple) and len(k) == 2):
@@ -176,6 +185,11 @@ def read_contract(model: Any) -> ModelContract:
         if size is not None and (not isinstance(size, int) or size <= 0):
             raise ModelContractError(f"{type(model).__name__}.mtp_hidden_size must be a positive int, got {size!r}")
         c["mtp_hidden_size"] = size
+        steps = int(getattr(model, "mtp_sample_steps", 0) or 0)
+        vocab = int(getattr(model, "mtp_sample_vocab_size", 0) or 0)
+        if getattr(model, "mtp_sample_uniforms", False) and steps > 0 and vocab > 0:  # vLLM-Omni's own condition
+            _check(model, "talker_mtp", positional=4, keywords=("sample_uniforms",))
+            c["mtp_sample_shape"] = (steps, vocab)
     for hook, pos in (("on_requests_finished", 1), ("set_batch_req_ids", 1)):
         if callable(getattr(model, hook, None)):
             _check(model, hook, positional=pos)

@@ -18,6 +18,7 @@ talker MTP), ``build_extra_kwargs``, ``process_model_output``,
 
 from __future__ import annotations
 
+import collections
 import logging
 from typing import Any, Callable, Iterable, NamedTuple
 
@@ -98,6 +99,10 @@ class OmniHooks:
         self.mtp_mode = "none"
         self.mtp_sampling: dict[str, Any] = {}
         self.vocab_size: int | None = None
+        #: real forwards by the number of requests in them (``{requests: forwards}``; bounded by
+        #: ``max_num_seqs``), read through the worker's ``omni_state``: e.g. how many chunk requests of
+        #: concurrent utterances a code2wav forward decoded together
+        self.forward_requests: collections.Counter[int] = collections.Counter()
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.backend.device())
@@ -112,7 +117,9 @@ class OmniHooks:
         ``talker_mtp_graph_safe`` allow, on persistent buffers of width
         ``mtp_hidden_size`` built by ``mtp_runner(head, eager_head, hidden_size)``
         (the runner's: it knows ``max_num_reqs``, dtype and capture sizes; by
-        default an eager :class:`TalkerMTP` for 256 rows)."""
+        default an eager :class:`TalkerMTP` for 256 rows), given the persistent
+        ``sample_uniforms`` buffer where the model declares ``mtp_sample_uniforms``
+        (:meth:`TalkerMTP.use_sample_uniforms`)."""
         self.model = model
         self.contract = c = read_contract(model)
         self.outputs_only = c.postprocess is None and c.make_omni_output is None and c.set_batch_req_ids is None
@@ -159,6 +166,8 @@ class OmniHooks:
             self.talker_mtp = TalkerMTP(head, 256, hidden, dtype, self.backend.device(), eager=c.talker_mtp)
         else:
             self.talker_mtp = mtp_runner(head, c.talker_mtp, hidden)
+        if c.mtp_sample_shape is not None:  # seeded rows stay on the graph: noise drawn per row outside it
+            self.talker_mtp.use_sample_uniforms(*c.mtp_sample_shape)
 
     def _install_logits_fallback(self, model: Any) -> None:
         """A generation-kind model's ``compute_logits`` may return ``None`` (it
@@ -167,6 +176,14 @@ class OmniHooks:
         step, ``max_tokens=1``). Installed on the model instance: the patch
         :mod:`core.patches.compute_logits`."""
         install_logits_fallback(model, self.vocab_size or 1)
+
+    @property
+    def exact_tokens(self) -> bool:
+        """Whether a real step's forward gets only its scheduled tokens (``core.model_io.exact_token_kwargs``):
+        a generation-kind model (it gets ``seq_token_counts`` and decodes whole requests: vLLM-Omni's code2wav
+        models split the flat tokens by them and give the last request the rest, CUDA-graph padding included),
+        or a model declaring vLLM-Omni's ``requires_exact_input_shape``."""
+        return self.kind == GENERATION or self.contract.requires_exact_input_shape
 
     # ------------------------------------------------------ on_new_requests
     def on_new_requests(self, new_requests: Iterable[tuple[str, Any]]) -> None:
@@ -332,7 +349,10 @@ class OmniHooks:
         ``request_token_spans`` (``(start, end)`` per request); generation kind:
         ``seq_token_counts``, ``request_ids`` (each request's :func:`state_key`); plus ``runner_kwargs`` (the AR
         runner passes ``sampling_metadata`` and ``sampler``). A dummy batch's state is the model's
-        ``get_dummy_runtime_additional_information(n)`` where it declares one, else empty dicts."""
+        ``get_dummy_runtime_additional_information(n)`` where it declares one, else empty dicts. A real batch is
+        counted in :attr:`forward_requests` (requests per forward)."""
+        if not batch.dummy:
+            self.forward_requests[len(batch.req_ids)] += 1
         if not self.passes_request_state:  # the forward takes none of them: build nothing per request
             return self.contract.forward_kwargs(dict(runner_kwargs))
         # a dummy batch's ids are never removed: fresh dicts (the model's own dummy state where it declares one),

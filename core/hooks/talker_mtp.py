@@ -9,17 +9,37 @@ on slices ``[:p]`` of buffers allocated once, ``H = model.mtp_hidden_size``
 ``last_talker_hidden`` / ``text_step``), and copies the results into persistent
 outputs, so a FULL graph the Backend captured for ``p`` stays valid
 (``sizes``: the capture sizes; ``p`` is the smallest one >= the rows, rows past
-them zeroed). A call carrying explicit per-request generators runs the
-unwrapped head (a graph would freeze the generator), as vLLM-Omni does.
+them zeroed).
+
+Seeds (vLLM-Omni's ``tts_local_seed``: the same seed gives the same codes whatever else is in the batch) and
+graphs: a head that takes its sampling noise as an input (the model declares vLLM-Omni's
+``mtp_sample_uniforms`` with ``mtp_sample_steps`` and ``mtp_sample_vocab_size``; Qwen3-TTS's
+``talker_mtp(..., sample_uniforms=[p, steps, vocab] float32)`` samples each residual code by Gumbel-max
+``argmax(logits - log(-log(u)))`` over them) is given a persistent buffer ``sample_uniforms`` ``[max_num_reqs,
+steps, vocab]`` on every call, seeded or not, eager or graph: the uniforms in ``(1e-20, 1 - 1e-20)`` are drawn
+*outside* the head, each seeded row's ``[1, steps, vocab]`` from its own generator (one draw per row per call,
+so a row's noise does not depend on the batch), the other rows and the padding from the default generator. The
+captured graph reads the buffer like its other inputs, so a seeded row replays the same graph as an unseeded
+one. This is vLLM-Omni 0.30's V2 model state's way (``OmniModelState._prepare_mtp_sample_uniforms``: the same
+draws, so a seed gives the codes vLLM-Omni's V2 runner gives); its V1 runner instead leaves the graph for seeded
+rows. Chosen by reading the code: the head's sampler is the only consumer of randomness, it already takes the
+noise as a tensor, and the alternative (replaying the graph per residual step with sampling outside) would
+split the captured head into ``steps`` graphs with a host round per step. A head without the declaration
+(e.g. vLLM-Omni's Qwen3-Omni talker) keeps vLLM-Omni's V1 rule: a call carrying per-request generators runs
+the unwrapped head (a graph would freeze the generator).
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Sequence
 
 import torch
+
+#: the open interval of the sampling uniforms (vLLM-Omni's ``qwen3_code_predictor._UNIFORM_EPS``): ``log(-log(u))``
+#: stays finite
+UNIFORM_LOW, UNIFORM_HIGH = 1e-20, 1.0 - 1e-20
 
 
 class TalkerMTP:
@@ -29,6 +49,8 @@ class TalkerMTP:
     ``eager``: the unwrapped head (for calls with generators). ``context(p)``
     is entered around a call on ``p`` rows (the forward context that selects
     the graph). Raises ``ValueError`` for more rows than ``max_num_reqs``.
+    :meth:`use_sample_uniforms` gives a head that takes its sampling noise the
+    ``sample_uniforms`` buffer (seeded rows then stay on the graph).
     """
 
     def __init__(self, mtp: Callable[..., Any], max_num_reqs: int, hidden_size: int, dtype: torch.dtype,
@@ -50,9 +72,44 @@ class TalkerMTP:
         self.text_step = torch.zeros(max_num_reqs, hidden_size, dtype=dtype, device=device)
         self.out_embeds: torch.Tensor | None = None
         self.out_codes: torch.Tensor | None = None
+        #: ``[max_num_reqs, steps, vocab]`` float32: the head's sampling noise (:meth:`use_sample_uniforms`)
+        self.sample_uniforms: torch.Tensor | None = None
+        #: calls on the graph-capable path that carried a seeded row (the stats' ``seeded_replays``)
+        self.seeded = 0
+        #: calls that ran the unwrapped head because of generators (a head without ``sample_uniforms``)
+        self.eager_seeded = 0
         #: graphs captured (one per size); graph replays after capture
         self.captured = 0
         self.replays = 0
+
+    def use_sample_uniforms(self, steps: int, vocab: int) -> None:
+        """Give the head its sampling noise as ``sample_uniforms=`` ``[p, steps, vocab]`` float32 (vLLM-Omni's
+        ``mtp_sample_uniforms`` / ``mtp_sample_steps`` / ``mtp_sample_vocab_size``), drawn per row outside the
+        head on every call (the module docstring). Call before :meth:`capture`; raises ``ValueError`` for a
+        non-positive size or after capture (the graphs would not read the buffer)."""
+        if steps <= 0 or vocab <= 0:
+            raise ValueError(f"sample uniforms need positive steps and vocab, got steps={steps}, vocab={vocab}")
+        if self.captured:
+            raise ValueError("use_sample_uniforms after capture: the captured graphs do not read the buffer")
+        self.sample_uniforms = torch.full((self.max_num_reqs, steps, vocab), 0.5, dtype=torch.float32,
+                                          device=self.input_ids.device)
+
+    def draw_uniforms(self, n: int, p: int, generators: Sequence[torch.Generator | None] | None) -> None:
+        """Fill ``sample_uniforms[:p]``: row ``i < n`` from ``generators[i]`` (one ``[1, steps, vocab]`` draw, so
+        the same seed draws the same noise whatever the batch), rows without one and the padding rows ``n..p``
+        from the default generator (one draw when no row is seeded)."""
+        buf = self.sample_uniforms
+        assert buf is not None
+        if generators is None or all(g is None for g in generators):
+            buf[:p].uniform_(UNIFORM_LOW, UNIFORM_HIGH)
+            return
+        if len(generators) != n:
+            raise ValueError(f"talker MTP got {len(generators)} generators for {n} rows; pass one per row "
+                             "(None for an unseeded row)")
+        for i, g in enumerate(generators):
+            buf[i : i + 1].uniform_(UNIFORM_LOW, UNIFORM_HIGH, generator=g)
+        if p > n:
+            buf[n:p].uniform_(UNIFORM_LOW, UNIFORM_HIGH)
 
     def padded(self, n: int) -> int:
         """Rows the head runs on for ``n`` requests: ``n`` eager, else the next capture size."""
@@ -78,6 +135,15 @@ class TalkerMTP:
         if n > self.max_num_reqs:
             raise ValueError(f"talker MTP got {n} rows but its buffers hold max_num_reqs={self.max_num_reqs}")
         with_generators = sampling.get("generator") is not None or sampling.get("generators") is not None
+        gens: Sequence[torch.Generator | None] | None = None
+        if self.sample_uniforms is not None:  # seeds become noise drawn here: the graph-capable path for all rows
+            gen, gens = sampling.pop("generator", None), sampling.pop("generators", None)
+            if gen is not None:
+                if n != 1:
+                    raise ValueError(f"talker MTP got one generator for {n} rows; pass generators= (one per row)")
+                gens = [gen]
+            self.seeded += int(with_generators)
+            with_generators = False
         p = n if with_generators else self.padded(n)
         self.input_ids[:n].copy_(input_ids.reshape(-1))
         self.input_embeds[:n].copy_(input_embeds.reshape(n, -1))
@@ -86,7 +152,12 @@ class TalkerMTP:
         if p > n:
             for buf in (self.input_ids, self.input_embeds, self.last_talker_hidden, self.text_step):
                 buf[n:p].zero_()
+        if self.sample_uniforms is not None:
+            if sampling.get("do_sample", True) is not False:  # greedy: the head reads no noise
+                self.draw_uniforms(n, p, gens)
+            sampling["sample_uniforms"] = self.sample_uniforms[:p]
         if with_generators:
+            self.eager_seeded += 1
             embeds, codes = self.eager(self.input_ids[:n], self.input_embeds[:n], self.last_talker_hidden[:n],
                                        self.text_step[:n], **sampling)
             return embeds[:n].clone(), codes[:n].clone()
@@ -97,14 +168,18 @@ class TalkerMTP:
         return self.out_embeds[:n].clone(), self.out_codes[:n].clone()
 
     def graph_stats(self) -> dict[str, Any] | None:
-        """Graph mode: ``{"sizes", "captured", "replays"}`` -- ``captured`` counts the graphs the wrapped head
-        holds (``Backend.captured_graphs``, e.g. vLLM's ``CUDAGraphWrapper`` entries with a graph) when the
-        driver tells, else the sizes run by :meth:`capture`; ``replays`` the calls since. ``None`` when eager."""
+        """Graph mode: ``{"sizes", "captured", "replays", "seeded", "eager_seeded"}`` -- ``captured`` counts the
+        graphs the wrapped head holds (``Backend.captured_graphs``, e.g. vLLM's ``CUDAGraphWrapper`` entries with
+        a graph) when the driver tells, else the sizes run by :meth:`capture`; ``replays`` the calls since;
+        ``seeded`` the calls with a seeded row that stayed on the graph path (their noise drawn outside it),
+        ``eager_seeded`` those that left it for the unwrapped head (a head without ``sample_uniforms``).
+        ``None`` when eager."""
         if not self.sizes:
             return None
         held = self.count_graphs(self.mtp) if self.count_graphs is not None else None
         captured = held if held is not None else (len(self.sizes) if self.captured else 0)
-        return {"sizes": list(self.sizes), "captured": captured, "replays": self.replays}
+        return {"sizes": list(self.sizes), "captured": captured, "replays": self.replays, "seeded": self.seeded,
+                "eager_seeded": self.eager_seeded}
 
     def capture(self) -> int:
         """Run the head once per capture size, largest first (the graph wrapper
@@ -118,9 +193,11 @@ class TalkerMTP:
         for p in reversed(self.sizes or []):
             for buf in (self.input_ids, self.input_embeds, self.last_talker_hidden, self.text_step):
                 buf[:p].zero_()
+            # the graph reads the noise buffer like its other inputs (a seeded replay then needs no other graph)
+            noise = {} if self.sample_uniforms is None else {"sample_uniforms": self.sample_uniforms[:p]}
             if self.eager is not self.mtp:
-                self._run(p, self.eager, {})
-            self._run(p, self.mtp, {})
+                self._run(p, self.eager, dict(noise))
+            self._run(p, self.mtp, dict(noise))
         self.captured = len(self.sizes or [])
         return self.captured
 

@@ -13,7 +13,16 @@
   dim 0 (``runtime_tensor.shape[0]``); M-RoPE positions (``[3, num_tokens]``, symbolic in dim 1) then fail at the
   first graph capture ("The size of tensor a (2048) must match the size of tensor b (128)", vLLM-Omni's Qwen3-TTS
   talker on the H200, 2026-12-05). The runner already passes those positions from its persistent buffer (a fixed
-  address per size), so inputs whose trailing dims differ from the buffer's go through uncopied.
+  address per size), so an input is copied only where its layout is the buffer's (trailing dims and strides) and
+  goes through as given otherwise. Strides count: vLLM's buffer is a contiguous clone of the compile-time example,
+  while the runner's positions are a ``[3, n]`` view of ``[3, max_num_tokens + 1]`` (row stride
+  ``max_num_tokens + 1``), and the compiled graph reads them with the stride it was given at compile time (a graph
+  input beside the tensor). At the profile run, ``n == max_num_tokens``: the trailing dims match, and a copy into
+  the clone (row stride ``max_num_tokens``) made the graph read rows 1 and 2 shifted and the last two positions
+  past the buffer's end -- garbage that indexed the talker's M-RoPE cos/sin cache out of range on some starts
+  (CUDA device-side assert ``index out of bounds ... < 131072``, 4 x max_position_embeddings, V1 and V2, the H100
+  2026-12-06, issue 44 item 4: vLLM 0.26 on torch < 2.12 turns inductor's ``size_asserts`` off, which would
+  otherwise have failed every such start with ``expected ... stride``).
 - Versions: vLLM 0.26 through 0.33 (``CompilationConfig`` fields; ``cudagraph_copy_inputs`` read when
   ``VllmBackend`` compiles, at the first forward).
 - Until: a model-class hook vLLM asks for its graph modes and input copying before it freezes the config, and a
@@ -64,10 +73,12 @@ def enable_copy_inputs(compilation_config: Any) -> None:
 
 def copy_leading_dim_inputs(make_copy_and_call: Callable[..., Any]) -> Callable[..., Any]:
     """vLLM's ``make_copy_and_call(sym_tensor_indices, input_buffers, callable_fn)`` restricted, per call, to the
-    inputs it can copy: those whose dims after the first equal their buffer's (``inputs_embeds``
-    ``[num_tokens, hidden]``, ``input_ids``). An input whose later dims differ (M-RoPE positions
-    ``[3, num_tokens]``) reaches ``callable_fn`` as given. vLLM's own wrapper does every copy; one is built per
-    set of copied inputs. Returns the factory, with ``__wrapped__`` = ``make_copy_and_call``."""
+    inputs it can copy without changing their layout: those whose dims after the first and whose strides equal
+    their buffer's (``inputs_embeds`` ``[num_tokens, hidden]``, ``input_ids``). Any other input (M-RoPE positions
+    ``[3, num_tokens]``, a view of the runner's ``[3, max_num_tokens + 1]`` buffer, at every size including
+    ``max_num_tokens``) reaches ``callable_fn`` as given, with the strides the graph was compiled for. vLLM's own
+    wrapper does every copy; one is built per set of copied inputs. Returns the factory, with ``__wrapped__`` =
+    ``make_copy_and_call``."""
 
     @functools.wraps(make_copy_and_call)
     def factory(sym_tensor_indices: list[int], input_buffers: list[Any], callable_fn: Callable[..., Any]) -> Any:
@@ -75,7 +86,7 @@ def copy_leading_dim_inputs(make_copy_and_call: Callable[..., Any]) -> Callable[
 
         def copy_and_call(*args: Any) -> Any:
             copied = tuple(k for k, (i, buf) in enumerate(zip(sym_tensor_indices, input_buffers))
-                           if buf is None or args[i].shape[1:] == buf.shape[1:])
+                           if buf is None or _same_layout(args[i], buf))
             wrapper = wrappers.get(copied)
             if wrapper is None:
                 wrapper = wrappers[copied] = make_copy_and_call(
@@ -85,3 +96,10 @@ def copy_leading_dim_inputs(make_copy_and_call: Callable[..., Any]) -> Callable[
         return copy_and_call
 
     return factory
+
+
+def _same_layout(arg: Any, buf: Any) -> bool:
+    """Whether a copy of ``arg`` into ``buf[:arg.shape[0]]`` keeps its layout: the same dims after the first and the
+    same strides wherever a dim has more than one element (a slice of ``buf`` along dim 0 has ``buf``'s strides)."""
+    return tuple(arg.shape[1:]) == tuple(buf.shape[1:]) and all(
+        size < 2 or a == b for size, a, b in zip(arg.shape, arg.stride(), buf.stride()))

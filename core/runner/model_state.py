@@ -141,7 +141,7 @@ class OmniModelStateMixin(abc.ABC):
         # replay refreshes
         self.omni_io = ModelOutputAdapter(model, self.max_num_tokens,  # type: ignore[attr-defined]
                                           self.model_config.get_hidden_size(), self.dtype,  # type: ignore[attr-defined]
-                                          keep_hidden=not hooks.outputs_only)
+                                          keep_hidden=not hooks.outputs_only, exact_tokens=hooks.exact_tokens)
         self.backend = backend
         self.omni_hooks = hooks  # last: the state counts as bound only when all of the above is set
 

@@ -93,7 +93,8 @@ class OmniV1RunnerMixin:
         # at the model (its forward wrapped, no module hook), so every call vLLM makes (_dummy_run, profile,
         # warm-up, graph capture) gets a tensor; persistent buffers only where a captured graph may replay it
         self._omni_io = ModelOutputAdapter(model, self.max_num_tokens, self.model_config.get_hidden_size(),
-                                           self.dtype, persistent=graphs_enabled(self.vllm_config))
+                                           self.dtype, persistent=graphs_enabled(self.vllm_config),
+                                           exact_tokens=bool(getattr(self.omni_hooks, "exact_tokens", False)))
         hooks = self.omni_hooks
         if getattr(hooks, "uses_preprocess", False):  # real steps always pass embeddings: so do dummy runs
             self._omni_io.feed_embeddings(self._omni_dummy_embeds)

@@ -14,8 +14,9 @@ MODEL_DIR REQUESTS.json OUT.pt``) by a loop of vLLM-Omni's own, unchanged classe
   constraints the request carries (``core.models.qwen3_tts.talker_inputs``): vLLM's repetition penalty over prompt
   and output tokens (transformers' ``RepetitionPenaltyLogitsProcessor``, the same rule), no stop token before
   ``min_tokens``, stop at ``stop_token_ids`` or ``max_tokens``. The code predictor samples with
-  ``torch.Generator(device).manual_seed(seed)`` (``tts_local_seed``, as the core's talker MTP seeds it) and the
-  deploy's sub-talker sampling (the model's own defaults);
+  ``torch.Generator(device).manual_seed(seed)`` (``tts_local_seed``, as the core's talker MTP seeds it: one
+  ``[1, steps, vocab]`` draw of Gumbel uniforms per decode step given as ``sample_uniforms``, vLLM-Omni's V2 rule)
+  and the deploy's sub-talker sampling (the model's own defaults);
 - code2wav (``Qwen3TTSCode2Wav``): its ``forward`` called directly on the whole utterance's codes.
 
 The served request must therefore be greedy on codebook 0 (temperature 0) and carry a ``seed``. Device: the
@@ -35,6 +36,20 @@ from typing import Any
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _mtp_noise(model: Any, gen: Any, device: Any) -> dict[str, Any]:
+    """The code predictor's sampling noise for one decode step of one request: where the model takes it as an
+    input (vLLM-Omni's ``mtp_sample_uniforms``), ``sample_uniforms`` ``[1, mtp_sample_steps, mtp_sample_vocab_size]``
+    float32, one draw in ``(1e-20, 1 - 1e-20)`` from the request's generator (vLLM-Omni's V2 rule, the core's:
+    ``core.hooks.talker_mtp``); else the generator itself (the head draws per residual step)."""
+    import torch
+
+    if not getattr(model, "mtp_sample_uniforms", False) or gen is None:
+        return {"generator": gen}
+    u = torch.empty(1, int(model.mtp_sample_steps), int(model.mtp_sample_vocab_size), dtype=torch.float32,
+                    device=device)
+    return {"sample_uniforms": u.uniform_(1e-20, 1.0 - 1e-20, generator=gen)}
 
 
 def omni_engine(model_dir: str, stage: str, device: str, **kw: Any) -> Any:
@@ -120,7 +135,7 @@ def reference_talker(model: Any, backbone: Any, prompt: dict, sp: Any, req_id: s
             if mtp_inputs is not None and n == 1 and computed >= prompt_len:
                 emb, codes = model.talker_mtp(ids_out.reshape(-1)[:1], emb, mtp_inputs[0].reshape(1, -1).float(),
                                               mtp_inputs[1].reshape(1, -1).float(), do_sample=None, temperature=None,
-                                              top_k=None, top_p=None, generator=gen)
+                                              top_k=None, top_p=None, **_mtp_noise(model, gen, device))
                 emb = emb.float()
                 store.put(req_id, {"codes": {"audio": codes}})
                 frames.append(codes[0])

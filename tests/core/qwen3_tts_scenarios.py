@@ -81,6 +81,7 @@ def decode_config(model) -> dict:
             "enforce_eager": bool(model.vllm_config.model_config.enforce_eager),
             "device": str(model.vllm_config.device_config.device),
             "decoder_graph": bool(getattr(dec, "_cudagraph_enabled", False)),
+            "decoder_graph_batch_sizes": list(getattr(wrapper, "capture_batch_sizes", None) or []),
             "decoder_graph_shapes": shapes}
 
 
@@ -132,7 +133,32 @@ def code2wav(model_dir: str) -> dict:
             "model_class": [type(model).__module__, type(model).__qualname__],
             "upsample": int(model._total_upsample), "streamed": streamed(llm, frames[1]),
             "incremental": incremental(llm, model, frames[1]), "decode_config": decode_config(model),
-            "dummy_run": dummy_run(model)}
+            "dummy_run": dummy_run(model), "padded_step": padded_step(runner_of(llm), model, frames[0])}
+
+
+def padded_step(runner, model, frames) -> dict:
+    """One real step of one chunk request as the runner calls the model when vLLM pads the step to a CUDA-graph
+    size (the cpu never pads: forced here, through the same call): ``input_ids`` / ``positions`` of the chunk's
+    ``Q * F`` codebook-major codes plus 4 padding tokens (zeros, as vLLM's persistent buffer may hold), the
+    per-request kwargs of the core's hooks for that one request (``OmniHooks.build_extra_kwargs``, counting the
+    scheduled tokens). The frames and samples the model decoded; its decoder state released after."""
+    import numpy as np
+    import torch
+
+    from core.hooks.batch import BatchView
+
+    hooks = runner.omni_hooks
+    codes = frames.t().reshape(-1)
+    n, device = int(codes.numel()), next(model.parameters()).device
+    ids = torch.cat([codes, torch.zeros(4, dtype=codes.dtype)]).to(device)
+    batch = BatchView(req_ids=["padded-step"], query_start_loc=np.array([0, n]), num_computed=np.array([0]),
+                      num_prompt=np.array([n]))
+    kwargs = hooks.build_extra_kwargs(batch)
+    hooks.on_finished_requests(["padded-step"])
+    model(input_ids=ids, positions=torch.arange(ids.shape[0], device=device), **kwargs)
+    wav = runner._omni_io.outputs()["model_outputs"][0]
+    model.on_requests_finished({"padded-step"})
+    return {"frames": int(frames.shape[0]), "samples": int(wav.numel()), "states_left": sorted(model._decoder_state_cache)}
 
 
 def dummy_run(model) -> dict:

@@ -109,6 +109,37 @@ def test_vllm_omni_output_and_generation_models_without_text_hidden_states():
     assert out.shape == (3, H) and not out.any()  # the placeholder vLLM's logits path reads
 
 
+def test_exact_tokens_cut_a_padded_real_step_to_its_scheduled_tokens():
+    """``exact_tokens`` (a generation-kind model, or ``requires_exact_input_shape``): a real step's call padded to a
+    CUDA-graph size reaches the model with only its scheduled tokens (``seq_token_counts``, else the last
+    ``request_token_spans``), M-RoPE positions cut on their last dim; the runner still gets ``[padded, H]``
+    hidden states; dummy runs (no counts) and adapters without the flag pass everything."""
+    from core.model_io import exact_token_kwargs, scheduled_tokens
+
+    seen = []
+
+    class Splitter(nn.Module):  # splits by its counts, the only request takes the rest (vLLM-Omni's code2wav)
+        def forward(self, input_ids, positions=None, **kw):
+            seen.append((input_ids.shape[0], tuple(positions.shape)))
+            return VllmOmniOutput(torch.ones(input_ids.shape[0], H), {"frames": [input_ids.numel() // 4]})
+
+    model = Splitter()
+    ModelOutputAdapter(model, MAX_TOKENS, hidden_size=H, dtype=torch.float32, persistent=False, exact_tokens=True)
+    out = model(input_ids=torch.arange(32), positions=torch.arange(32), seq_token_counts=[28],
+                request_token_spans=[(0, 28)])
+    assert seen[-1] == (28, (28,)) and out.shape == (32, H) and not out[28:].any() and out[:28].all()
+    model(input_ids=torch.arange(32), positions=torch.arange(32))  # a dummy run: no counts, nothing cut
+    assert seen[-1] == (32, (32,))
+    plain = Splitter()
+    ModelOutputAdapter(plain, MAX_TOKENS, hidden_size=H, dtype=torch.float32, persistent=False)
+    plain(input_ids=torch.arange(32), positions=torch.arange(32), seq_token_counts=[28])
+    assert seen[-1] == (32, (32,))
+    kw = exact_token_kwargs({"inputs_embeds": torch.ones(8, H), "positions": torch.zeros(3, 8),
+                             "request_token_spans": [(0, 2), (2, 5)]})
+    assert kw["inputs_embeds"].shape == (5, H) and kw["positions"].shape == (3, 5)
+    assert scheduled_tokens({}) is None and scheduled_tokens({"seq_token_counts": [3, 4]}) == 7
+
+
 def test_the_placeholder_of_a_model_without_text_hidden_states_is_on_its_inputs_device():
     # on the H200 (2026-12-02) vLLM-Omni's Qwen3TTSCode2Wav returned text_hidden_states=None and the placeholder
     # was made on the CPU: vLLM's _dummy_run then indexed it with device indices and failed. The meta device stands

@@ -116,7 +116,8 @@ def test_v2_runner_captures_the_talker_mtp_after_vllms_captures(vllm_config, cpu
     runner = type("R", (OmniV2RunnerMixin, Base), {"omni_backend": Backend()})()
     monitor.set_cudagraph_capturing_enabled(False)
     try:
-        assert static.graph_stats() == {"sizes": sizes, "captured": 0, "replays": 0}
+        assert static.graph_stats() == {"sizes": sizes, "captured": 0, "replays": 0, "seeded": 0,
+                                        "eager_seeded": 0}
         assert runner.capture_model() == 7
         assert seen == ["vllm", ("context", True)]  # after vLLM's captures, capturing switched on
         assert monitor.cudagraph_capturing_enabled is False  # ... and back as it was
@@ -125,7 +126,8 @@ def test_v2_runner_captures_the_talker_mtp_after_vllms_captures(vllm_config, cpu
     assert wrapper.events == [("capture", p) for p in reversed(sizes)]
     static(torch.zeros(3, dtype=torch.int64), torch.zeros(3, H), torch.zeros(3, H), torch.zeros(3, H))
     assert wrapper.events[-1] == ("replay", 4)
-    assert static.graph_stats() == {"sizes": sizes, "captured": len(sizes), "replays": 1}
+    assert static.graph_stats() == {"sizes": sizes, "captured": len(sizes), "replays": 1, "seeded": 0,
+                                    "eager_seeded": 0}
     eager = TalkerMTP(head, MAX_REQS, H, torch.float32, torch.device("cpu"))
     assert eager.graph_stats() is None
 

@@ -196,14 +196,17 @@ def test_code2wav_reads_the_deploys_decode_config_and_its_decoder_graph_follows_
     ``stage_engine_args``): ``decode_batch_max_size``, the codec chunking; its decoder's own CUDA graph is on
     exactly where vLLM-Omni turns it on: a CUDA device without ``enforce_eager`` (there with the captured shapes
     of the deploy's protocol: the stateful xvec first chunk and suffixes under ``async_chunk``)."""
-    from core.models.qwen3_tts import deploy_defaults
+    from core.models.qwen3_tts import code2wav_model_config, deploy_defaults
+    from core.patches.model_config_fields import ADDITIONAL_CONFIG_KEY
 
     r = scenario("code2wav", variant)
     if _code2wav_refused_on_v2(r):
         pytest.skip("this vLLM's V2 runner cannot run a model without a KV cache")
     d, deploy = r["decode_config"], deploy_defaults()
     extra = deploy.connector["extra"]
-    assert d["stage_connector_config"] == {"name": deploy.connector["name"], "extra": {**extra, "stage_id": 1}}
+    given = code2wav_model_config(deploy)[ADDITIONAL_CONFIG_KEY]["stage_connector_config"]
+    assert d["stage_connector_config"] == given and given["extra"] == {
+        **extra, "stage_id": 1, **{k: v for k, v in given["extra"].items() if k == "decode_cudagraph_batch_sizes"}}
     assert d["async_chunk"] is deploy.async_chunk
     assert d["decode_batch_max_size"] == int(extra["decode_batch_max_size"])
     assert (d["initial_codec_chunk_frames"], d["codec_chunk_frames"]) == (deploy.initial_chunk_frames,
@@ -214,6 +217,21 @@ def test_code2wav_reads_the_deploys_decode_config_and_its_decoder_graph_follows_
         shapes = d["decoder_graph_shapes"]
         assert (shapes["xvec_prefix_states"] and shapes["combined_states"]) if deploy.async_chunk \
             else shapes["stateless_states"], d
+        # captured up to decode_batch_max_size: concurrent chunks replay together, not one by one
+        assert max(d["decoder_graph_batch_sizes"]) == d["decode_batch_max_size"], d
+
+
+def test_code2wav_a_padded_step_decodes_only_its_scheduled_frames(scenario, variant) -> None:
+    """A step vLLM pads to a CUDA-graph size (4 padding tokens after one chunk request's ``Q * F`` codes, the call
+    the runner makes with the core's per-request kwargs): the model decodes the chunk's ``F`` frames, not
+    ``F + 1`` (on cuda with graphs the served graph then failed reshaping the waveform: ``shape '[7, -1]' is
+    invalid for input of size 15360``, issue 44)."""
+    r = scenario("code2wav", variant)
+    if _code2wav_refused_on_v2(r):
+        pytest.skip("this vLLM's V2 runner cannot run a model without a KV cache")
+    p = r["padded_step"]
+    assert p["samples"] == p["frames"] * r["upsample"], p
+    assert p["states_left"] == []
 
 
 def test_code2wav_incremental_chunks_equal_the_whole_decode_and_release_their_state(scenario, test_device,

@@ -297,6 +297,7 @@ def test_code2wav_model_gets_the_deploys_connector_config_and_async_chunk(tiny) 
     import yaml
 
     from core.models.qwen3_tts import deploy_defaults, read_checkpoint, stage_engine_args
+    from core.models.qwen3_tts.stages import decoder_graph_batch_sizes
     from core.patches.model_config_fields import ADDITIONAL_CONFIG_KEY
     from core.pipeline.config import GraphConfig
     from core.pipeline.declarations.qwen3_tts import load
@@ -309,10 +310,17 @@ def test_code2wav_model_gets_the_deploys_connector_config_and_async_chunk(tiny) 
     declared = raw["connectors"][name]
     assert "additional_config" not in stage_engine_args(ckpt, deploy, "talker")
     fields = stage_engine_args(ckpt, deploy, "code2wav")["additional_config"][ADDITIONAL_CONFIG_KEY]
+    # the decoder graph's batch sizes reach the deploy's decode_batch_max_size (the deploy names none: vLLM-Omni's
+    # decoder would capture batch 1 only and replay concurrent chunks one by one)
+    graph_batches = declared["extra"].get("decode_cudagraph_batch_sizes") or decoder_graph_batch_sizes(
+        int(declared["extra"].get("decode_batch_max_size") or 0))
     assert fields == {"async_chunk": bool(raw["async_chunk"]), "stage_connector_config": {
-        "name": declared["name"], "extra": {**declared["extra"], "stage_id": 1}}}
+        "name": declared["name"], "extra": {**declared["extra"], "stage_id": 1,
+                                            **({"decode_cudagraph_batch_sizes": graph_batches} if graph_batches else {})}}}
     if deploy.version == "0.30.0":
         assert fields["async_chunk"] is True and fields["stage_connector_config"]["extra"]["decode_batch_max_size"] == 4
+        assert fields["stage_connector_config"]["extra"]["decode_cudagraph_batch_sizes"] == [1, 2, 4]
+    assert [decoder_graph_batch_sizes(m) for m in (0, 1, 2, 4, 6)] == [[], [], [1, 2], [1, 2, 4], [1, 2, 4, 6]]
     window = ChunkWindow(first_chunk_frames=2, chunk_frames=10, left_context_frames=30)
     extra = stage_engine_args(ckpt, deploy, "code2wav", window=window)["additional_config"][ADDITIONAL_CONFIG_KEY][
         "stage_connector_config"]["extra"]

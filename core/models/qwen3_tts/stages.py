@@ -92,7 +92,10 @@ def code2wav_model_config(deploy: Any, window: Any = None) -> dict[str, Any]:
       settings there (``decode_batch_max_size``, ``codec_chunk_frames``, ``codec_left_context_frames``,
       ``initial_codec_chunk_frames``, and ``decode_chunk_frames`` / ``decode_cudagraph_batch_sizes`` /
       ``decode_left_context_frames`` where the deploy sets them) and, on a CUDA device unless ``enforce_eager``,
-      enables its decoder's CUDA graph with them. ``window`` (the chunking the stage graph runs, e.g.
+      enables its decoder's CUDA graph with them. Where the deploy names no ``decode_cudagraph_batch_sizes``
+      (vLLM-Omni 0.30's does not: its decoder then captures batch 1 only, and splits every group of concurrent
+      chunks into batch-1 replays), they are :func:`decoder_graph_batch_sizes` of its ``decode_batch_max_size``
+      (4: ``[1, 2, 4]``), so concurrent utterances' chunks replay together. ``window`` (the chunking the stage graph runs, e.g.
       ``--chunk-frames``) gives the first-chunk and chunk frame counts when given;
     - ``async_chunk``: the deploy's (True in vLLM-Omni 0.30): the model keeps each utterance's decoder state
       across its chunk requests (keyed by the utterance, :func:`core.pipeline.declarations.qwen3_tts.load` sets
@@ -103,6 +106,10 @@ def code2wav_model_config(deploy: Any, window: Any = None) -> dict[str, Any]:
     from core.patches.model_config_fields import additional_config
 
     extra = {**deploy.connector["extra"], "stage_id": STAGES.index("code2wav")}
+    if extra.get("decode_cudagraph_batch_sizes") is None:  # the decoder graph at every batch the model decodes
+        sizes = decoder_graph_batch_sizes(int(extra.get("decode_batch_max_size") or 0))
+        if sizes:
+            extra["decode_cudagraph_batch_sizes"] = sizes
     if window is not None:
         extra.update(codec_chunk_frames=int(window.chunk_frames),
                      initial_codec_chunk_frames=int(window.first_chunk_frames))
@@ -110,6 +117,20 @@ def code2wav_model_config(deploy: Any, window: Any = None) -> dict[str, Any]:
             extra["codec_left_context_frames"] = int(window.left_context_frames or 0)
     return additional_config(stage_connector_config={"name": deploy.connector["name"], "extra": extra},
                              async_chunk=bool(deploy.async_chunk))
+
+
+def decoder_graph_batch_sizes(max_batch: int) -> list[int]:
+    """The batch sizes the code2wav decoder's CUDA graph is captured at for groups of at most ``max_batch``
+    concurrent chunks (vLLM-Omni's ``decode_batch_max_size``): the powers of two below it and itself, e.g.
+    4 -> ``[1, 2, 4]``, 6 -> ``[1, 2, 4, 6]`` (its wrapper replays a group on the smallest captured batch that
+    holds it, padding the rest); ``[]`` for ``max_batch`` <= 1 (no batching: vLLM-Omni's default, batch 1)."""
+    if max_batch <= 1:
+        return []
+    sizes, p = [], 1
+    while p < max_batch:
+        sizes.append(p)
+        p *= 2
+    return sizes + [max_batch]
 
 
 def talker_frames(output: Any) -> Any:
@@ -181,5 +202,5 @@ def sample_rate(output: Any, default: int = 24000) -> int:
     return int(sr.reshape(-1)[0]) if sr is not None else default
 
 
-__all__ = ["STAGES", "code2wav_inputs", "code2wav_model_config", "code2wav_waveform", "sample_rate",
+__all__ = ["STAGES", "code2wav_inputs", "code2wav_model_config", "decoder_graph_batch_sizes", "code2wav_waveform", "sample_rate",
            "stage_engine_args", "talker_frames"]
