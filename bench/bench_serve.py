@@ -76,9 +76,12 @@ def request_body(i: int, args: argparse.Namespace) -> dict:
     if args.model is None:
         return {"model": "omni-demo", "input": PROMPTS[i % len(PROMPTS)], "voice": f"voice-{i % 2}", "seed": i,
                 "max_tokens": args.max_tokens, "stream_format": "sse"}
-    return {"model": args.model_name, "input": PROMPTS[i % len(PROMPTS)], "voice": args.speakers[i % len(args.speakers)],
+    body = {"model": args.model_name, "input": PROMPTS[i % len(PROMPTS)], "voice": args.speakers[i % len(args.speakers)],
             "language": "English", "seed": i, "max_new_tokens": args.frames + 1, "stream": True,
             "response_format": "pcm"}
+    if args.unseeded:  # the deploy's sampling with no per-request seed (vLLM-Omni's clients may send none)
+        del body["seed"]
+    return body
 
 
 async def one(client, url: str, body: dict) -> dict:
@@ -241,6 +244,7 @@ def inproc_rows(args: argparse.Namespace) -> tuple[list[dict], str, float | None
                args.device, "--frames", str(args.frames), "--min-requests", str(args.min_requests),
                "--concurrency", *map(str, args.concurrency), "--json", out]
         cmd += ["--chunk-frames", str(args.chunk_frames)] if args.chunk_frames else []
+        cmd += ["--unseeded"] if args.unseeded else []
         env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                "BENCH_RECORD_NESTED": "1"}
         p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
@@ -296,6 +300,7 @@ def main() -> int:
     ap.add_argument("--frames", type=int, default=48, help="--model: codec frames per request (fixed length)")
     ap.add_argument("--chunk-frames", type=int, default=None)
     ap.add_argument("--run-baseline", type=int, default=2, help="the demo: one-shot `run` processes to time (0: none)")
+    ap.add_argument("--unseeded", action="store_true", help="--model: requests without a seed (default: seed = index)")
     ap.add_argument("--no-inproc", action="store_true", help="--model: the served rows only")
     ap.add_argument("--inproc-only", action="store_true",
                     help="--model: the in-process rows only (the stage graph in this process, no server)")
