@@ -25,6 +25,8 @@
 #                   bf16, V2 then V1, concurrency 1/8/64, unseeded then per-request seeds (QWEN3_REQUEST_SEEDS):
 #                   RTF + time to first audio at 1, audio-s/s at 8 and 64, engine starts; 1.7B first; a run that
 #                   cannot start in time is listed, not started. Needs .whl/ as `qwen3` does
+#   cold-starts     `omni-backends serve --model` 1.7B started COLD_STARTS times (default 5), each on a fresh compile
+#                   cache, one seeded request each: up / speech / exit / device-side asserts per start (issue 44 item 4)
 #   serve-qwen3     `omni-backends serve --model DIR` on released-layout CustomVoice checkpoints (random bf16 weights at
 #                   the 1.7B / 0.6B shapes, SERVE_SIZES, default "1.7b 0.6b"; written under /tmp once per machine),
 #                   bench/bench_serve.py --model over HTTP at concurrency 1/8/64, SERVE_FRAMES frames (default 96):
@@ -118,6 +120,29 @@ part_core_rest() {
   local krc=$?
   echo "rc=$krc" >> "$d/log.txt"; tail -8 "$d/log.txt"
   [ $rc -eq 0 ] && [ $krc -eq 0 ]
+}
+
+part_cold_starts() {  # COLD_STARTS (default 5), COLD_SIZE (default 1.7b): `serve --model` started N times, each on a fresh
+  # compile cache (vLLM's, Inductor's and Triton's under /tmp/cold-N), one seeded request, then SIGTERM (issue 44 item 4)
+  local d="$OUT/cold-starts"; mkdir -p "$d"
+  header cold-starts >> "$d/log.txt"
+  local ckpt i t0 rc code port=8123; ckpt=$(qwen3_checkpoint "${COLD_SIZE:-1.7b}" "$d/log.txt") || return 1
+  for i in $(seq 1 "${COLD_STARTS:-5}"); do
+    if (( $(left) < 120 )); then echo "start $i: not started (time)" | tee -a "$d/log.txt" "$OUT/not-run.txt"; continue; fi
+    t0=$SECONDS; rm -rf "/tmp/cold-$i"; mkdir -p "/tmp/cold-$i"
+    VLLM_CACHE_ROOT="/tmp/cold-$i/vllm" TORCHINDUCTOR_CACHE_DIR="/tmp/cold-$i/inductor" TRITON_CACHE_DIR="/tmp/cold-$i/triton" \
+      python3 -m omni_backends.cli serve --model "$ckpt" --port "$port" > "$d/start$i.txt" 2>&1 &
+    local pid=$! up=0
+    while kill -0 "$pid" 2>/dev/null && (( SECONDS - t0 < $(left) - 20 )); do
+      curl -sf "localhost:$port/health" > /dev/null && { up=1; break; }; sleep 2
+    done
+    code=000
+    [ $up -eq 1 ] && code=$(curl -s -o "$d/start$i.wav" -w '%{http_code}' "localhost:$port/v1/audio/speech" \
+        -H 'Content-Type: application/json' -d '{"input": "Hello there.", "voice": "vivian", "seed": 1}')
+    kill -TERM "$pid" 2>/dev/null; wait "$pid"; rc=$?
+    echo "start $i: up=$up in $((SECONDS - t0)) s, speech=$code, exit=$rc, asserts=$(grep -c 'device-side assert\|index out of bounds' "$d/start$i.txt")" | tee -a "$d/log.txt"
+  done
+  ! grep -qE "up=0|speech=[^2]|asserts=[1-9]" "$d/log.txt"
 }
 
 part_matrix() {  # MATRIX_JOBS: which jobs run at once (default: core kit cublas; also: equivalence)
@@ -343,6 +368,7 @@ for part in "$@"; do
     matrix) part_matrix ;;
     mainjobs) part_mainjobs ;;
     serve-qwen3) part_serve_qwen3 ;;
+    cold-starts) part_cold_starts ;;
     serving-qwen3) OMNI_TEST_LOG_DIR="$OUT/serving-qwen3/scenarios" pytest_part serving-qwen3 tests/serving/test_serve_qwen3_tts.py ;;
     cublas-probe) part_cublas_probe ;;
     qwen3) part_qwen3 ;;
